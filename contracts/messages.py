@@ -1,0 +1,231 @@
+"""Message schemas: JSON on the wire, validated by pydantic v2, each with a schema version.
+
+Every message an edge sends carries ``(edge_id, seq)``: ``seq`` rises by one per message per edge, so a consumer that
+keeps the pair as a key drops a retried send instead of counting it twice.
+
+>>> p = Prediction(edge_id="edge-1", seq=7, machine_id="pump-3",
+...                window_start="2026-01-01T00:00:00Z", window_end="2026-01-01T01:00:00Z",
+...                horizon_h=24, risk={"failure": 0.25}, model_name="zscore", model_version="0.1.0")
+>>> decode(Prediction, encode(p)) == p
+True
+>>> p.max_risk
+0.25
+>>> decode(Prediction, b'{"edge_id": "edge-1"}')
+Traceback (most recent call last):
+...
+contracts.messages.ContractError: Prediction: seq is missing; machine_id is missing; ...
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    ValidationError,
+    field_validator,
+)
+
+SCHEMA_VERSION = 1
+
+Identifier = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")]
+SensorName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]*$")]
+Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+def _to_utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+UtcDatetime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
+"""A timezone-aware instant, normalised to UTC. Naive times are refused: an edge box's local clock is ambiguous."""
+
+_DETAIL = r"[A-Za-z0-9_.\-]+"
+EVENT_PATTERN = re.compile(rf"^(failure(:{_DETAIL})?|maintenance:{_DETAIL}|error:{_DETAIL}|anomaly)$")
+
+
+class ContractError(ValueError):
+    """A message that does not match its contract. The text names each bad field and the value it had."""
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+
+class EdgeMessage(Message):
+    """Anything an edge agent sends. ``(edge_id, seq)`` is the idempotency key."""
+
+    edge_id: Identifier
+    seq: NonNegativeInt
+
+
+class TelemetryReading(Message):
+    """One row of telemetry: a machine's sensor values at one instant. ``None`` is a missing reading."""
+
+    timestamp: UtcDatetime
+    machine_id: Identifier
+    values: dict[SensorName, float | None] = Field(min_length=1)
+
+    @field_validator("values")
+    @classmethod
+    def _finite(cls, values: dict[str, float | None]) -> dict[str, float | None]:
+        bad = [name for name, v in values.items() if v is not None and not math.isfinite(v)]
+        if bad:
+            raise ValueError(f"sensor values must be finite numbers or null; not finite: {', '.join(sorted(bad))}")
+        return values
+
+
+class Event(Message):
+    """Something that happened to a machine: ``failure[:KIND]``, ``maintenance:PART``, ``error:CODE`` or ``anomaly``."""
+
+    timestamp: UtcDatetime
+    machine_id: Identifier
+    event: Annotated[str, Field(pattern=EVENT_PATTERN.pattern)]
+
+    @property
+    def kind(self) -> str:
+        """``failure``, ``maintenance``, ``error`` or ``anomaly``."""
+        return self.event.split(":", 1)[0]
+
+    @property
+    def detail(self) -> str | None:
+        """The failure kind, the part maintained or the error code; ``None`` where the event has none."""
+        parts = self.event.split(":", 1)
+        return parts[1] if len(parts) == 2 else None
+
+
+class EdgeEvent(EdgeMessage, Event):
+    """An event as an edge saw it and sent it to ``precursor.events``."""
+
+
+class Prediction(EdgeMessage):
+    """A risk estimate for one machine over one window: the probability of each failure kind within the horizon."""
+
+    machine_id: Identifier
+    window_start: UtcDatetime
+    window_end: UtcDatetime
+    horizon_h: Annotated[float, Field(gt=0, le=24 * 365, allow_inf_nan=False)]
+    risk: dict[Identifier, Probability] = Field(min_length=1)
+    model_name: Identifier
+    model_version: Annotated[str, Field(min_length=1, max_length=64)]
+    emitted_at: UtcDatetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @field_validator("window_end")
+    @classmethod
+    def _window_order(cls, end: datetime, info: Any) -> datetime:
+        start = info.data.get("window_start")
+        if start is not None and end < start:
+            raise ValueError(f"window_end {end.isoformat()} is before window_start {start.isoformat()}")
+        return end
+
+    @property
+    def max_risk(self) -> float:
+        """The highest risk over all failure kinds: what "at risk" sorts by."""
+        return max(self.risk.values())
+
+
+class Heartbeat(EdgeMessage):
+    """An edge agent's periodic health report, keyed by edge_id."""
+
+    timestamp: UtcDatetime
+    model_name: Identifier
+    model_version: Annotated[str, Field(min_length=1, max_length=64)]
+    model_sha256: Sha256Hex | None = None
+    outbox_depth: NonNegativeInt = 0
+    lag_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    health: Literal["ok", "degraded", "failing"] = "ok"
+    machines: NonNegativeInt = 0
+
+
+class ModelRelease(Message):
+    """A signed model published to the fleet. The edge verifies sha256 and signature before it loads anything."""
+
+    version: Annotated[str, Field(min_length=1, max_length=64)]
+    model_name: Identifier
+    sha256: Sha256Hex
+    signature: Annotated[str, Field(min_length=1, description="base64 ed25519 signature of the artifact manifest")]
+    key_id: Identifier
+    size_bytes: NonNegativeInt
+    artifact_uri: Annotated[str, Field(min_length=1)]
+    target: Identifier = "fleet"
+    canary_edges: list[Identifier] = Field(default_factory=list)
+    released_at: UtcDatetime = Field(default_factory=lambda: datetime.now(UTC))
+
+
+class Alert(Message):
+    """Raised (or cleared) by the pipelines when a machine's risk crosses the alert thresholds."""
+
+    machine_id: Identifier
+    state: Literal["raised", "cleared"]
+    kind: Identifier
+    risk: Probability
+    at: UtcDatetime
+    model_version: Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class DeadLetter(Message):
+    """A record a consumer could not accept: the raw bytes (base64) and why, so nothing is silently lost."""
+
+    source_topic: str
+    partition: NonNegativeInt | None = None
+    offset: NonNegativeInt | None = None
+    key: str | None = None
+    raw_b64: str
+    reason: Annotated[str, Field(min_length=1)]
+    at: UtcDatetime = Field(default_factory=lambda: datetime.now(UTC))
+
+
+M = TypeVar("M", bound=Message)
+
+_MAX_VALUE_CHARS = 60
+
+
+def _describe(err: ValidationError, model: type[BaseModel]) -> str:
+    parts: list[str] = []
+    for e in err.errors(include_url=False):
+        field = ".".join(str(p) for p in e["loc"]) or "message"
+        if e["type"] == "missing":
+            parts.append(f"{field} is missing")
+            continue
+        shown = repr(e.get("input"))
+        if len(shown) > _MAX_VALUE_CHARS:
+            shown = shown[: _MAX_VALUE_CHARS - 3] + "..."
+        parts.append(f"{field}={shown}: {e['msg']}")
+    return f"{model.__name__}: " + "; ".join(parts)
+
+
+def validate(model: type[M], data: Any) -> M:
+    """Build ``model`` from a dict, or raise :class:`ContractError` naming every bad field and its value."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ContractError(_describe(err, model)) from None
+
+
+def decode(model: type[M], raw: bytes | str) -> M:
+    """Parse one JSON message, or raise :class:`ContractError` naming what is wrong."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ContractError(f"{model.__name__}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ContractError(f"{model.__name__}: expected a JSON object, got {type(data).__name__}")
+    return validate(model, data)
+
+
+def encode(message: Message) -> bytes:
+    """The wire form: compact UTF-8 JSON."""
+    return message.model_dump_json().encode()
+

@@ -1,0 +1,85 @@
+"""Settings shared by every component that talks to Kafka.
+
+TLS and SASL are configuration: set ``PRECURSOR_KAFKA_SECURITY_PROTOCOL=SASL_SSL`` and friends (or the same keys in a
+config file) and every producer and consumer picks them up; no code changes. Secrets are ``SecretStr``: they print as
+``**********`` in logs, reprs and error messages.
+
+>>> s = KafkaSettings(bootstrap_servers="k1:9093,k2:9093", security_protocol="SASL_SSL",
+...                   sasl_mechanism="PLAIN", sasl_plain_username="edge", sasl_plain_password="hunter2")
+>>> "hunter2" in repr(s)
+False
+>>> s.client_kwargs()["sasl_plain_password"]
+'hunter2'
+>>> s.client_kwargs()["bootstrap_servers"]
+['k1:9093', 'k2:9093']
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from contracts.topics import Topics
+
+
+class KafkaSettings(BaseSettings):
+    """Where the broker is and how to authenticate. Defaults fit the local broker that ``precursor kafka up`` starts."""
+
+    model_config = SettingsConfigDict(env_prefix="PRECURSOR_KAFKA_", extra="forbid")
+
+    bootstrap_servers: str = Field("localhost:9092", description="comma-separated host:port list")
+    topic_prefix: str = Field("precursor", pattern=r"^[A-Za-z0-9._\-]+$")
+    client_id: str = "precursor"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"] | None = None
+    sasl_plain_username: str | None = None
+    sasl_plain_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_password: SecretStr | None = None
+    ssl_check_hostname: bool = True
+    request_timeout_ms: int = Field(30_000, gt=0)
+
+    @model_validator(mode="after")
+    def _sasl_complete(self) -> KafkaSettings:
+        if self.security_protocol.startswith("SASL") and self.sasl_mechanism is None:
+            raise ValueError(f"security_protocol={self.security_protocol} needs sasl_mechanism")
+        if self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and not (
+            self.sasl_plain_username and self.sasl_plain_password
+        ):
+            raise ValueError(f"sasl_mechanism={self.sasl_mechanism} needs sasl_plain_username and sasl_plain_password")
+        return self
+
+    @property
+    def topics(self) -> Topics:
+        return Topics(self.topic_prefix)
+
+    @property
+    def servers(self) -> list[str]:
+        return [s.strip() for s in self.bootstrap_servers.split(",") if s.strip()]
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for any kafka-python client (producer, consumer, admin)."""
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": self.servers,
+            "client_id": self.client_id,
+            "security_protocol": self.security_protocol,
+            "request_timeout_ms": self.request_timeout_ms,
+        }
+        if self.sasl_mechanism:
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+        if self.sasl_plain_username:
+            kwargs["sasl_plain_username"] = self.sasl_plain_username
+        if self.sasl_plain_password:
+            kwargs["sasl_plain_password"] = self.sasl_plain_password.get_secret_value()
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            kwargs["ssl_check_hostname"] = self.ssl_check_hostname
+            for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+                if getattr(self, name):
+                    kwargs[name] = getattr(self, name)
+            if self.ssl_password:
+                kwargs["ssl_password"] = self.ssl_password.get_secret_value()
+        return kwargs
