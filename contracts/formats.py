@@ -1,7 +1,8 @@
 """The generic input formats: telemetry, events and machines as CSV, JSONL or Parquet.
 
 - telemetry: ``timestamp`` (ISO 8601 or epoch seconds), ``machine_id``, one numeric column per sensor; blank = missing.
-- events: ``timestamp``, ``machine_id``, ``event``: ``failure[:KIND]``, ``maintenance:PART``, ``error:CODE``, ``anomaly``.
+- events: ``timestamp``, ``machine_id``, ``event``: ``failure[:KIND]``, ``maintenance:PART``,
+  ``error:CODE`` or ``anomaly``.
 - machines (optional): ``machine_id`` plus static attributes.
 
 Readers never stop at a bad row: they yield a :class:`RowError` naming the file, line and problem, and carry on, so

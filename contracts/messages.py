@@ -228,4 +228,3 @@ def decode(model: type[M], raw: bytes | str) -> M:
 def encode(message: Message) -> bytes:
     """The wire form: compact UTF-8 JSON."""
     return message.model_dump_json().encode()
-

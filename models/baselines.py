@@ -61,4 +61,3 @@ class DriftZScore:
 
     def score_many(self, windows: Sequence[Window]) -> list[Risk]:
         return [self.score(w) for w in windows]
-
