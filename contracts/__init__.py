@@ -17,7 +17,7 @@ from contracts.messages import (
     decode,
     encode,
 )
-from contracts.settings import KafkaSettings
+from contracts.settings import KafkaSettings, PrecursorSettings
 from contracts.topics import Topics
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "Heartbeat",
     "KafkaSettings",
     "ModelRelease",
+    "PrecursorSettings",
     "Prediction",
     "TelemetryReading",
     "Topics",

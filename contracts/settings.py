@@ -16,6 +16,7 @@ False
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, model_validator
@@ -83,3 +84,16 @@ class KafkaSettings(BaseSettings):
             if self.ssl_password:
                 kwargs["ssl_password"] = self.ssl_password.get_secret_value()
         return kwargs
+
+
+class PrecursorSettings(BaseSettings):
+    """Where a deployment keeps its local state. ``PRECURSOR_STATE_DIR`` moves all of it at once."""
+
+    model_config = SettingsConfigDict(env_prefix="PRECURSOR_", extra="ignore")
+
+    state_dir: Path = Path(".state")
+    store: Path | None = Field(None, description="prediction store file; default <state_dir>/store/predictions.duckdb")
+
+    @property
+    def store_path(self) -> Path:
+        return self.store or self.state_dir / "store" / "predictions.duckdb"

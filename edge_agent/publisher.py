@@ -1,0 +1,86 @@
+"""Sending what the agent finds to Kafka, with ``acks=all``: a send counts only once every in-sync replica has it."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from typing import Protocol
+
+from kafka import KafkaProducer
+from kafka.producer.future import FutureRecordMetadata
+
+from contracts.messages import EdgeEvent, Heartbeat, Message, Prediction, encode
+from contracts.settings import KafkaSettings
+
+
+class Sink(Protocol):
+    """Where an agent's messages go. The Kafka publisher in production; a list in unit tests."""
+
+    def send(self, message: Prediction | EdgeEvent | Heartbeat) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class BrokerUnreachable(ConnectionError):
+    pass
+
+
+def check_reachable(servers: Sequence[str], timeout_s: float = 3.0) -> None:
+    """Fail fast with a clear message: a kafka-python producer with no broker blocks ~30 s before it says so."""
+    errors = []
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout_s):
+                return
+        except (OSError, ValueError) as err:
+            errors.append(f"{server}: {err}")
+    raise BrokerUnreachable(
+        "no Kafka broker reachable at " + ", ".join(servers) + f" ({'; '.join(errors)}). "
+        "Start the local one with `precursor kafka up`, or set PRECURSOR_KAFKA_BOOTSTRAP_SERVERS."
+    )
+
+
+class KafkaPublisher:
+    """Predictions and events keyed by machine_id, heartbeats by edge_id. ``flush`` raises if any send failed."""
+
+    def __init__(self, settings: KafkaSettings, *, linger_ms: int = 20) -> None:
+        check_reachable(settings.servers)
+        self.topics = settings.topics
+        self._producer = KafkaProducer(
+            **settings.client_kwargs(),
+            acks="all",
+            linger_ms=linger_ms,
+            retries=2**31 - 1,
+            max_in_flight_requests_per_connection=5,
+        )
+        self._pending: list[FutureRecordMetadata] = []
+        self.sent = 0
+
+    def _topic_and_key(self, message: Message) -> tuple[str, str]:
+        if isinstance(message, Prediction):
+            return self.topics.predictions, message.machine_id
+        if isinstance(message, EdgeEvent):
+            return self.topics.events, message.machine_id
+        if isinstance(message, Heartbeat):
+            return self.topics.heartbeats, message.edge_id
+        raise TypeError(f"the edge does not publish {type(message).__name__} messages")
+
+    def send(self, message: Prediction | EdgeEvent | Heartbeat) -> None:
+        topic, key = self._topic_and_key(message)
+        self._pending.append(self._producer.send(topic, key=key.encode(), value=encode(message)))
+        if len(self._pending) >= 10_000:
+            self.flush()
+
+    def flush(self) -> None:
+        self._producer.flush()
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.get(timeout=60)  # raises the send's error, if it had one
+        self.sent += len(pending)
+
+    def close(self) -> None:
+        self.flush()
+        self._producer.close()
