@@ -9,7 +9,7 @@ One composite per topic (:class:`IngestTopic`) does the same four jobs for predi
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,9 +109,7 @@ class WriteToStore(beam.DoFn):
     def _flush(self) -> None:
         if not self._batch:
             return
-        store = PredictionStore(self._store_path)
-        batch: Sequence[Any] = self._batch
-        new = store.insert_predictions(batch) if self._model is Prediction else store.insert_events(batch)
+        new = PredictionStore(self._store_path).insert(self._batch)  # type: ignore[arg-type]
         self._stored.inc(new)
         self._already.inc(len(self._batch) - new)
         self._batch = []

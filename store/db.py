@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
 
 from contracts.messages import EdgeEvent, Prediction
 
@@ -143,15 +144,27 @@ class PredictionStore:
         now = datetime.now(UTC)
         return self._insert("events", EVENT_COLUMNS, [event_row(e, now) for e in events])
 
+    def insert(self, messages: Sequence[Prediction | EdgeEvent]) -> int:
+        """Insert predictions and events alike; returns how many rows were new."""
+        predictions = [m for m in messages if isinstance(m, Prediction)]
+        events = [m for m in messages if isinstance(m, EdgeEvent)]
+        if len(predictions) + len(events) != len(messages):
+            raise TypeError("the store keeps Prediction and EdgeEvent messages only")
+        return self.insert_predictions(predictions) + self.insert_events(events)
+
     def _insert(self, table: str, columns: str, rows: list[tuple[Any, ...]]) -> int:
         if not rows:
             return 0
-        marks = ", ".join("?" * len(rows[0]))
+        names = [c.strip() for c in columns.split(",")]
+        # Row-by-row executemany costs ~4 ms a row in DuckDB; one Arrow batch inserts thousands in milliseconds.
+        batch = pa.Table.from_pylist([dict(zip(names, row, strict=True)) for row in rows])
         with connect(self.path) as con:
-            before = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
-            con.executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks}) ON CONFLICT DO NOTHING", rows)
-            after = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
-        return int(after - before)
+            con.register("incoming", batch)
+            inserted = con.execute(
+                f"INSERT INTO {table} ({columns}) SELECT {columns} FROM incoming ON CONFLICT DO NOTHING"
+            ).fetchone()
+            con.unregister("incoming")
+        return int(inserted[0]) if inserted else 0
 
     def offsets(self, consumer: str, topic: str) -> dict[int, int]:
         """partition -> next offset to read, for one consumer of one topic."""
