@@ -34,6 +34,10 @@ def _jsonable(value: Any) -> Any:
     return value.isoformat() if isinstance(value, datetime) else str(value)
 
 
+def _plain(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
 def show(rows: Sequence[dict[str, Any]], fmt: OutputFormat = OutputFormat.table, *, title: str | None = None) -> None:
     if fmt is OutputFormat.json:
         sys.stdout.write(json.dumps(list(rows), default=_jsonable, indent=2) + "\n")
@@ -43,7 +47,7 @@ def show(rows: Sequence[dict[str, Any]], fmt: OutputFormat = OutputFormat.table,
         writer = csv.writer(sys.stdout)
         writer.writerow(columns)
         for row in rows:
-            writer.writerow([_cell(row[c]) if isinstance(row[c], dict) else _jsonable(row[c]) for c in columns])
+            writer.writerow([json.dumps(v) if isinstance(v := row[c], dict) else _plain(v) for c in columns])
         return
     table = Table(title=title, show_lines=False)
     for c in columns:

@@ -1,0 +1,44 @@
+"""Options and helpers that several ``precursor`` commands share."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from contracts.durations import parse_duration
+from contracts.formats import parse_timestamp
+from contracts.settings import PrecursorSettings
+from precursor.output import OutputFormat
+
+StoreOption = Annotated[
+    Path | None, typer.Option("--store", help="prediction store file [default: <state>/store/predictions.duckdb]")
+]
+FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="table, json or csv")]
+JsonFlag = Annotated[bool, typer.Option("--json", help="same as --format json")]
+
+
+def fail(message: str) -> typer.Exit:
+    """Print a one-line error (no traceback) and return the exit to raise."""
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    return typer.Exit(2)
+
+
+def store_path(store: Path | None) -> Path:
+    return store or PrecursorSettings().store_path
+
+
+def since_time(since: str | None) -> datetime | None:
+    """``--since`` as a duration back from now (``6h``, ``7d``) or as a time (``2026-01-01T00:00Z``)."""
+    if since is None:
+        return None
+    try:
+        return datetime.now(UTC) - parse_duration(since)
+    except ValueError:
+        pass
+    try:
+        return parse_timestamp(since)
+    except ValueError:
+        raise fail(f"--since {since!r} is neither a duration (6h, 7d) nor a time (2026-01-01T00:00Z)") from None
