@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from contracts.settings import KafkaSettings
+from infra.cli import kafka_app
 from precursor.common import StoreOption, fail, store_path
 from precursor.query_cli import query_app
 
@@ -24,6 +25,7 @@ app = typer.Typer(
 )
 edge_app = typer.Typer(help="The edge agent daemon.", no_args_is_help=True)
 pipeline_app = typer.Typer(help="Apache Beam pipelines over the Kafka topics.", no_args_is_help=True)
+app.add_typer(kafka_app, name="kafka")
 app.add_typer(edge_app, name="edge")
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(query_app, name="query")
