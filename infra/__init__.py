@@ -1,0 +1,1 @@
+"""Local infrastructure the project starts itself: a Kafka broker resolved from Maven Central, and its command line."""

@@ -1,0 +1,510 @@
+"""A local Apache Kafka broker in KRaft mode, run from jars that Maven resolves: no Docker, no release tarball.
+
+Everything the broker needs lives under one state folder (``.state/`` in the current directory by default, or
+``$PRECURSOR_STATE_DIR``)::
+
+    <state>/kafka/lib/<pom hash>/*.jar    resolved once per pom, shared by every broker started from this state
+    <state>/kafka/data/                   KRaft metadata and topic logs
+    <state>/kafka/server.properties       written on every start from the settings below
+    <state>/kafka/log4j.properties
+    <state>/kafka/logs/server.log         the broker's own log; logs/broker.out holds what the JVM prints itself
+    <state>/kafka/broker.pid
+
+``down`` stops a process only after checking that its command line is ``kafka.Kafka`` with this state folder's
+properties file, so it never touches another broker (or anything else that reused the pid).
+
+>>> broker = LocalKafka(state_dir="/tmp/precursor-state", port=19092, controller_port=19093)
+>>> broker.bootstrap
+'127.0.0.1:19092'
+>>> str(broker.properties_file)
+'/tmp/precursor-state/kafka/server.properties'
+>>> LocalKafka(port=9092, controller_port=9092)
+Traceback (most recent call last):
+...
+pydantic_core._pydantic_core.ValidationError: 1 validation error for LocalKafka
+  Value error, controller_port=9092 must differ from port=9092 ...
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from contracts.settings import KafkaSettings
+from contracts.topics import Topics
+from infra.kafka_admin import TopicsEnsured, broker_reachable, ensure_topics, list_topics
+from infra.maven_jars import MissingToolError, find_executable, resolve_runtime_jars
+
+__all__ = [
+    "KAFKA_POM",
+    "BrokerError",
+    "BrokerStatus",
+    "LocalKafka",
+    "MissingToolError",
+    "TopicsEnsured",
+    "broker_reachable",
+    "ensure_topics",
+    "free_ports",
+]
+
+log = logging.getLogger(__name__)
+
+KAFKA_POM = Path(__file__).parent / "maven" / "kafka" / "pom.xml"
+_MAVEN_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
+_BROKER_MAIN = "kafka.Kafka"
+_STORAGE_TOOL_MAIN = "kafka.tools.StorageTool"
+_LOG_TAIL_LINES = 40
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+Report = Callable[[str], None]
+
+
+class BrokerError(RuntimeError):
+    """The local broker could not be started or stopped; the message says why and where its log is."""
+
+
+class BrokerStatus(BaseModel):
+    """What ``precursor kafka status`` shows."""
+
+    model_config = ConfigDict(frozen=True)
+
+    running: bool = Field(description="our broker process is alive")
+    reachable: bool = Field(description="it answers metadata requests")
+    pid: int | None
+    bootstrap: str
+    state_dir: Path
+    topics: list[str] = Field(default_factory=list, description="non-internal topics, when reachable")
+
+
+def kafka_version(pom: Path = KAFKA_POM) -> str:
+    """The broker version the pom pins (its ``kafka.version`` property)."""
+    version = ElementTree.parse(pom).getroot().find("m:properties/m:kafka.version", _MAVEN_NS)
+    if version is None or not version.text:
+        raise ValueError(f"pom={str(pom)!r} has no <kafka.version> property")
+    return version.text.strip()
+
+
+def new_cluster_id() -> str:
+    """A random KRaft cluster id in Kafka's own form: 16 random bytes, URL-safe base64 without padding.
+
+    >>> cluster_id = new_cluster_id()
+    >>> len(cluster_id), cluster_id.startswith("-")
+    (22, False)
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):  # Kafka refuses these too: they read as command-line options
+            return cluster_id
+
+
+def _process_cmdline(pid: int) -> str | None:
+    """The process's command line, arguments joined by spaces; None when there is no such process."""
+    if Path("/proc/self/cmdline").exists():
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return None
+        return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part) or None
+    done = subprocess.run(["ps", "-ww", "-o", "command=", "-p", str(pid)], capture_output=True, text=True, check=False)
+    return done.stdout.strip() or None
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports that nothing listens on right now, e.g. for a throwaway broker in a test.
+
+    >>> first, second = free_ports(2)
+    >>> first != second and min(first, second) > 0
+    True
+    """
+    with ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:  # all bound at once, so the kernel hands out different ports
+            probe.bind((host, 0))
+        return [probe.getsockname()[1] for probe in probes]
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no {path.name} yet)"
+
+
+class LocalKafka(BaseSettings):
+    """A single-node Kafka broker (broker and controller in one process) that this project starts and stops.
+
+    Settings come from arguments, then ``PRECURSOR_LOCAL_KAFKA_*`` variables (``PRECURSOR_STATE_DIR`` for the state
+    folder, ``PRECURSOR_KAFKA_TOPIC_PREFIX`` for the topic prefix, as for the clients). ``up`` and ``down`` are
+    idempotent.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="PRECURSOR_LOCAL_KAFKA_", populate_by_name=True, extra="forbid")
+
+    state_dir: Path = Field(
+        Path(".state"), validation_alias="PRECURSOR_STATE_DIR", description="where data, logs and the pid file live"
+    )
+    host: str = Field("127.0.0.1", min_length=1, description="address the broker binds and advertises")
+    port: Port = 9092
+    controller_port: Port = 9093
+    partitions: int = Field(6, ge=1, description="partitions of the multi-partition topics")
+    topic_prefix: str = Field(
+        "precursor",
+        pattern=r"^[A-Za-z0-9._\-]+$",
+        validation_alias="PRECURSOR_KAFKA_TOPIC_PREFIX",  # the variable the clients read: both sides agree
+        description="prefix of the topics that up creates",
+    )
+    heap_mb: int = Field(512, ge=128, description="JVM heap ceiling (-Xmx)")
+    java_executable: str = "java"
+    maven_executable: str = "mvn"
+    lib_dir: Path | None = Field(None, description="where resolved jars go; <state_dir>/kafka/lib by default")
+
+    _process: subprocess.Popen[bytes] | None = PrivateAttr(None)
+
+    @field_validator("state_dir", "lib_dir")
+    @classmethod
+    def _absolute(cls, path: Path | None) -> Path | None:
+        # Absolute, because the pid check compares it with the running broker's command line.
+        return None if path is None else path.expanduser().absolute()
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> LocalKafka:
+        if self.port == self.controller_port:
+            raise ValueError(f"controller_port={self.controller_port} must differ from port={self.port}")
+        return self
+
+    # Layout ------------------------------------------------------------------------------------------------------
+
+    @property
+    def home(self) -> Path:
+        return self.state_dir / "kafka"
+
+    @property
+    def jars_root(self) -> Path:
+        return self.lib_dir if self.lib_dir is not None else self.home / "lib"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.home / "data"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def properties_file(self) -> Path:
+        return self.home / "server.properties"
+
+    @property
+    def log4j_file(self) -> Path:
+        return self.home / "log4j.properties"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.home / "broker.pid"
+
+    @property
+    def bootstrap(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def kafka_settings(self, topic_prefix: str | None = None) -> KafkaSettings:
+        """Client settings for this broker. Security fields are pinned so ``PRECURSOR_KAFKA_*`` cannot leak in."""
+        return KafkaSettings(
+            bootstrap_servers=self.bootstrap,
+            topic_prefix=topic_prefix or self.topic_prefix,
+            security_protocol="PLAINTEXT",
+            sasl_mechanism=None,
+            sasl_plain_username=None,
+            sasl_plain_password=None,
+            ssl_cafile=None,
+            ssl_certfile=None,
+            ssl_keyfile=None,
+            ssl_password=None,
+        )
+
+    # Verbs -------------------------------------------------------------------------------------------------------
+
+    def resolve_jars(self, report: Report | None = None) -> Path:
+        """The folder of broker jars, resolved from Maven Central on first use and reused after that."""
+        return resolve_runtime_jars(
+            KAFKA_POM, self.jars_root, maven_executable=self.maven_executable, report=report or log.info
+        )
+
+    def up(self, timeout_s: float = 60.0, report: Report | None = None) -> BrokerStatus:
+        """Start the broker unless ours already runs, wait until it answers, then create the project's topics."""
+        say = report or log.info
+        started_at = time.monotonic()
+        deadline = started_at + timeout_s
+        pid = self._running_pid()
+        if pid is not None:
+            running_at = self._running_bootstrap()
+            if running_at != self.bootstrap:
+                raise BrokerError(
+                    f"the broker of {self.state_dir} already runs at {running_at}, not at {self.bootstrap}: "
+                    "stop it (precursor kafka down) to change its ports"
+                )
+            say(f"broker already running (pid {pid}) at {self.bootstrap}")
+        else:
+            java = self._java()
+            self._refuse_busy_ports()
+            jars = self.resolve_jars(say)
+            self._write_config()
+            if not (self.data_dir / "meta.properties").exists():
+                say(f"formatting KRaft storage in {self.data_dir}")
+                self._format_storage(java, jars)
+            say(f"starting Kafka {kafka_version()} (heap {self.heap_mb} MiB, log {self.logs_dir / 'server.log'})")
+            pid = self._launch(java, jars)
+        self._wait_until_answering(pid, deadline)
+        ensured = ensure_topics(
+            self.kafka_settings(), Topics(self.topic_prefix).specs(self.partitions), timeout_s=timeout_s
+        )
+        if ensured.created:
+            say(f"created {len(ensured.created)} topics: {', '.join(ensured.created)}")
+        say(f"ready at {self.bootstrap} in {time.monotonic() - started_at:.1f} s (pid {pid})")
+        return self.status()
+
+    def down(self, timeout_s: float = 30.0, report: Report | None = None) -> bool:
+        """Stop our broker: SIGTERM, then SIGKILL after ``timeout_s``. False when ours was not running."""
+        say = report or log.info
+        pid = self._running_pid()
+        if pid is None:
+            say(f"no broker of {self.state_dir} is running")
+            return False
+        say(f"stopping broker (pid {pid})")
+        os.kill(pid, signal.SIGTERM)
+        if not self._wait_for_exit(pid, timeout_s):
+            say(f"broker (pid {pid}) still running after {timeout_s:.0f} s: killing it")
+            os.kill(pid, signal.SIGKILL)
+            if not self._wait_for_exit(pid, 10.0):
+                raise BrokerError(f"broker pid {pid} survived SIGKILL")
+        self.pid_file.unlink(missing_ok=True)
+        self._process = None
+        say("broker stopped")
+        return True
+
+    def status(self) -> BrokerStatus:
+        """Our broker's state. A running broker reports the address it was started with, whatever the settings say."""
+        pid = self._running_pid()
+        bootstrap = self._running_bootstrap() if pid is not None else self.bootstrap
+        settings = self.kafka_settings().model_copy(update={"bootstrap_servers": bootstrap})
+        reachable = pid is not None and broker_reachable(settings, timeout_s=2.0)
+        return BrokerStatus(
+            running=pid is not None,
+            reachable=reachable,
+            pid=pid,
+            bootstrap=bootstrap,
+            state_dir=self.state_dir,
+            topics=list_topics(settings) if reachable else [],
+        )
+
+    # Process ----------------------------------------------------------------------------------------------------
+
+    def _java(self) -> str:
+        return find_executable(
+            self.java_executable,
+            purpose="to run the local Kafka broker",
+            install_hint="install a Java 17 runtime (e.g. `apt-get install openjdk-17-jre-headless`)",
+            setting="PRECURSOR_LOCAL_KAFKA_JAVA_EXECUTABLE",
+        )
+
+    def _is_ours(self, pid: int) -> bool:
+        cmdline = _process_cmdline(pid)
+        return cmdline is not None and f" {_BROKER_MAIN} {self.properties_file}" in cmdline
+
+    def _alive(self, pid: int) -> bool:
+        if self._process is not None and self._process.pid == pid:
+            return self._process.poll() is None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return not _is_zombie(pid)
+
+    def _running_pid(self) -> int | None:
+        """The pid of our live broker; a stale pid file (process gone, or the pid reused) is removed."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        if self._alive(pid) and self._is_ours(pid):
+            return pid
+        self.pid_file.unlink(missing_ok=True)
+        return None
+
+    def _running_bootstrap(self) -> str:
+        """The client address in the properties file the running broker was started with."""
+        for line in self.properties_file.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "advertised.listeners":
+                return value.strip().removeprefix("PLAINTEXT://")
+        raise BrokerError(f"{self.properties_file} has no advertised.listeners line")
+
+    def _wait_for_exit(self, pid: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self._alive(pid):
+                return True
+            time.sleep(0.1)
+        return not self._alive(pid)
+
+    def _refuse_busy_ports(self) -> None:
+        for name, port in (("port", self.port), ("controller_port", self.controller_port)):
+            if _port_in_use(self.host, port):
+                raise BrokerError(
+                    f"{name}={port} on {self.host} is in use by another process (not the broker of {self.state_dir}):"
+                    f" stop it, or choose another port (PRECURSOR_LOCAL_KAFKA_{name.upper()})"
+                )
+
+    def _jvm_command(self, java: str, jars: Path, main: str) -> list[str]:
+        return [
+            java,
+            f"-Xmx{self.heap_mb}m",
+            f"-Xms{min(self.heap_mb, 128)}m",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j.configuration=file:{self.log4j_file}",
+            f"-Dkafka.logs.dir={self.logs_dir}",
+            "-cp",
+            f"{jars}/*",
+            main,
+        ]
+
+    def _format_storage(self, java: str, jars: Path) -> None:
+        command = [
+            *self._jvm_command(java, jars, _STORAGE_TOOL_MAIN),
+            "format",
+            "--config",
+            str(self.properties_file),
+            "--cluster-id",
+            new_cluster_id(),
+            "--ignore-formatted",
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise BrokerError(
+                f"formatting KRaft storage in {self.data_dir} failed ({done.returncode}):\n{done.stdout}{done.stderr}"
+            )
+
+    def _launch(self, java: str, jars: Path) -> int:
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        with (self.logs_dir / "broker.out").open("ab") as out:
+            process = subprocess.Popen(
+                [*self._jvm_command(java, jars, _BROKER_MAIN), str(self.properties_file)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.home,
+                start_new_session=True,  # outlives this process and ignores its Ctrl-C
+            )
+        self._process = process
+        self.pid_file.write_text(f"{process.pid}\n")
+        return process.pid
+
+    def _wait_until_answering(self, pid: int, deadline: float) -> None:
+        settings = self.kafka_settings()
+        while True:
+            if not self._alive(pid):
+                self.pid_file.unlink(missing_ok=True)
+                raise BrokerError(
+                    f"the broker (pid {pid}) exited during start-up. Last lines of {self.logs_dir}:\n"
+                    f"{_tail(self.logs_dir / 'server.log')}\n{_tail(self.logs_dir / 'broker.out')}"
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if broker_reachable(settings, timeout_s=min(1.0, remaining)):
+                return
+            time.sleep(0.1)
+        self.down(report=log.info)
+        raise BrokerError(
+            f"the broker did not answer at {self.bootstrap} in time and was stopped. "
+            f"Last lines of {self.logs_dir / 'server.log'}:\n{_tail(self.logs_dir / 'server.log')}"
+        )
+
+    # Configuration ------------------------------------------------------------------------------------------------
+
+    def server_properties(self) -> dict[str, str]:
+        """The broker configuration, written to ``server.properties`` on every start."""
+        return {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{self.host}:{self.controller_port}",
+            "listeners": f"PLAINTEXT://{self.bootstrap},CONTROLLER://{self.host}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{self.bootstrap}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(self.data_dir),
+            "num.partitions": str(self.partitions),
+            "default.replication.factor": "1",
+            "min.insync.replicas": "1",
+            "offsets.topic.replication.factor": "1",
+            # Few internal partitions: the first consumer group creates them all, and 50 (the default) costs seconds.
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "group.initial.rebalance.delay.ms": "0",
+            # A starting broker is unfenced on its next heartbeat: a shorter interval makes it ready sooner.
+            "broker.heartbeat.interval.ms": "500",
+            "auto.create.topics.enable": "false",
+            # Sized for a laptop or a 2-core CI runner, not for a production cluster.
+            "num.network.threads": "2",
+            "num.io.threads": "4",
+            "num.recovery.threads.per.data.dir": "1",
+            "log.cleaner.threads": "1",
+            "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
+        }
+
+    def _write_config(self) -> None:
+        for folder in (self.home, self.data_dir, self.logs_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        properties = "".join(f"{key}={value}\n" for key, value in self.server_properties().items())
+        self.properties_file.write_text(f"# Written by precursor on every start; edits are overwritten.\n{properties}")
+        self.log4j_file.write_text(
+            "log4j.rootLogger=INFO, file\n"
+            "log4j.appender.file=org.apache.log4j.RollingFileAppender\n"
+            f"log4j.appender.file.File={self.logs_dir / 'server.log'}\n"
+            "log4j.appender.file.MaxFileSize=10MB\n"
+            "log4j.appender.file.MaxBackupIndex=2\n"
+            "log4j.appender.file.layout=org.apache.log4j.PatternLayout\n"
+            "log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n\n"
+            "log4j.logger.kafka.request.logger=WARN\n"
+            "log4j.logger.state.change.logger=WARN\n"
+        )
