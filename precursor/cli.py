@@ -17,6 +17,7 @@ from contracts.settings import KafkaSettings
 from infra.cli import kafka_app
 from precursor.common import StoreOption, fail, store_path
 from precursor.query_cli import query_app
+from simulator.cli import simulate_command
 
 app = typer.Typer(
     help="Precursor: predict machine failures at the edge, learn from what really happened.",
@@ -29,6 +30,7 @@ app.add_typer(kafka_app, name="kafka")
 app.add_typer(edge_app, name="edge")
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(query_app, name="query")
+app.command("simulate")(simulate_command)
 
 
 @app.callback()
