@@ -1,59 +1,160 @@
 """The edge agent's configuration: one YAML file, validated at start with errors that name the bad key.
 
-Example::
+Example (every section but ``edge_id`` and ``sources`` has defaults; relative paths are relative to the file)::
 
     edge_id: plant-7-gw-1
     kafka:
-      bootstrap_servers: localhost:9092
+      bootstrap_servers: broker-1:9093
     sources:
-      - type: replay
+      - type: tail                      # a growing CSV or JSONL file, rotation-safe
+        path: /var/log/plc/telemetry.csv
+      - type: mqtt                      # a real MQTT broker, QoS 1, acknowledged only once durable
+        host: localhost
+        topics: [plant7/telemetry/#]
+      - type: replay                    # CSV, JSONL or Parquet files, with their events
         telemetry: data/telemetry.csv
         events: data/events.csv
     window: {length: 6h, every: 1h}
-    model: {type: drift-zscore, horizon: 24h}
+    model:
+      type: lm
+      artifact: models/precursor-lm-0.3.0
+      trusted_keys: [keys/release.pub]
+    outbox: {max_bytes: 512MiB}
+    health: {port: 9308}
 """
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from contracts.durations import Duration
 from contracts.messages import Identifier
 from contracts.settings import KafkaSettings
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_SIZE_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(value: str | int) -> int:
+    """Bytes from ``512MiB``, ``2GB``, ``4096`` (a bare number is bytes).
+
+    >>> parse_size("512MiB"), parse_size("1.5kB"), parse_size(7)
+    (536870912, 1500, 7)
+    >>> parse_size("lots")
+    Traceback (most recent call last):
+    ...
+    ValueError: size 'lots' is not a number of bytes, optionally with a unit (e.g. 512MiB, 2GB)
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ValueError(f"size {value!r} is not a number of bytes, optionally with a unit (e.g. 512MiB, 2GB)")
+    return int(float(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()])
+
+
+ByteSize = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+SourceName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/@\-]*$")]
+
+
 class ReplaySource(_Strict):
-    """Replays generic-format files (CSV, JSONL, Parquet); ``speedup`` 0 means as fast as possible."""
+    """Replays generic-format files (CSV, JSONL, Parquet); ``speedup`` 0 means as fast as possible.
+
+    The position (items replayed so far) is saved with every commit, so a restart continues where it stopped and a
+    finished replay is not replayed again.
+    """
 
     type: Literal["replay"] = "replay"
+    name: SourceName | None = None
     telemetry: Path
     events: Path | None = None
     machines: Path | None = None
     speedup: Annotated[float, Field(ge=0)] = 0.0
+    batch_rows: Annotated[int, Field(ge=1, le=100_000)] = 256
+
+
+class TailSource(_Strict):
+    """Follows a growing CSV (with a header line) or JSONL file, through renames and truncation (log rotation).
+
+    The file offset is saved in the same transaction as the predictions the lines led to, so a restart neither skips
+    nor repeats a line. ``start`` says where to begin when nothing was saved yet.
+    """
+
+    type: Literal["tail"] = "tail"
+    name: SourceName | None = None
+    path: Path
+    format: Literal["csv", "jsonl"] | None = Field(None, description="default: from the file name's suffix")
+    start: Literal["beginning", "end"] = "beginning"
+    poll: Duration = timedelta(milliseconds=200)
+    machines: Path | None = Field(None, description="optional machines file (static attributes)")
+    batch_rows: Annotated[int, Field(ge=1, le=100_000)] = 512
+
+
+class MqttSource(_Strict):
+    """Subscribes to an MQTT broker with QoS 1 and a persistent session (MQTT 5).
+
+    Each message is a JSON object (one reading or event in the generic format) or a JSON array of them. A message is
+    acknowledged (PUBACK) only after what it led to is committed to the outbox; the broker redelivers anything
+    unacknowledged after a crash, and the window builder drops readings it already holds.
+    """
+
+    type: Literal["mqtt"] = "mqtt"
+    name: SourceName | None = None
+    host: str = "localhost"
+    port: Annotated[int, Field(ge=1, le=65535)] = 1883
+    topics: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    client_id: str | None = Field(None, description="default: precursor-edge-<edge_id>; must be stable")
+    username: str | None = None
+    password: SecretStr | None = None
+    tls: bool = False
+    ca_file: Path | None = None
+    keepalive: Annotated[int, Field(ge=5, le=3600)] = 30
+    receive_maximum: Annotated[int, Field(ge=1, le=65535)] = 2000
+    session_expiry: Duration = timedelta(days=7)
+    machines: Path | None = Field(None, description="optional machines file (static attributes)")
 
 
 class SimulatorSource(_Strict):
     """The built-in fleet simulator as a live source, at an accelerated clock."""
 
     type: Literal["simulator"] = "simulator"
+    name: SourceName | None = None
     machines: Annotated[int, Field(gt=0)] = 10
     duration: Duration | None = Field(None, description="simulated time to run; empty = forever")
     interval: Duration = timedelta(minutes=10)
     seed: int = 0
     speedup: Annotated[float, Field(ge=0)] = 3600.0
     kinds: list[str] | None = None
+    batch_rows: Annotated[int, Field(ge=1, le=100_000)] = 256
 
 
-Source = Annotated[ReplaySource | SimulatorSource, Field(discriminator="type")]
+Source = Annotated[ReplaySource | TailSource | MqttSource | SimulatorSource, Field(discriminator="type")]
+
+
+def source_name(spec: Source) -> str:
+    """The key a source's saved position is stored under: its ``name``, else derived from what it reads."""
+    if spec.name:
+        return spec.name
+    if isinstance(spec, ReplaySource):
+        return f"replay:{spec.telemetry}"
+    if isinstance(spec, TailSource):
+        return f"tail:{spec.path}"
+    if isinstance(spec, MqttSource):
+        return f"mqtt:{spec.host}:{spec.port}/{','.join(spec.topics)}"
+    return f"simulator:{spec.seed}:{spec.machines}"
 
 
 class WindowSpec(_Strict):
@@ -72,13 +173,19 @@ class WindowSpec(_Strict):
 
 
 class ModelSpec(_Strict):
-    """Which scorer runs: the telemetry language model (``lm``) or the drift baseline (``drift-zscore``)."""
+    """Which scorer runs first: the telemetry language model (``lm``) or the drift baseline (``drift-zscore``).
+
+    After a model update the agent runs the updated model (kept under ``state_dir/models``), also after a restart.
+    """
 
     type: Literal["lm", "drift-zscore"] = "drift-zscore"
     artifact: Path | None = Field(None, description="signed model artifact folder (type lm)")
-    trusted_keys: list[Path] = Field(default_factory=list, description="ed25519 public keys that may sign models")
+    trusted_keys: list[Path] = Field(
+        default_factory=list, description="ed25519 public keys (.pub files, or folders of them) that may sign models"
+    )
     horizon: Duration = timedelta(hours=24)
     threads: Annotated[int, Field(ge=1)] = 1
+    max_batch: Annotated[int, Field(ge=1, le=4096)] = 64
 
     @model_validator(mode="after")
     def _lm_needs_artifact(self) -> ModelSpec:
@@ -87,14 +194,110 @@ class ModelSpec(_Strict):
         return self
 
 
+class SelfTestSpec(_Strict):
+    """What a new model must show on the agent's recent windows before it replaces the running one."""
+
+    windows: Annotated[int, Field(ge=1, le=4096)] = 64
+    min_sensor_coverage: Annotated[float, Field(ge=0, le=1)] = 0.5
+    max_ms_per_window: Annotated[float, Field(gt=0)] = 250.0
+
+
+class UpdatesSpec(_Strict):
+    """Over-the-air model updates from ``<prefix>.model-updates``."""
+
+    enabled: bool = True
+    targets: list[Identifier] = Field(default_factory=lambda: ["fleet"], description="release targets this edge takes")
+    max_bytes: ByteSize = 512 * 2**20
+    poll: Duration = timedelta(milliseconds=500)
+    self_test: SelfTestSpec = Field(default_factory=SelfTestSpec)
+
+
+class OutboxSpec(_Strict):
+    """The durable outbox: everything the agent sends is committed here first and deleted once Kafka acknowledged it.
+
+    When queued messages reach ``max_bytes`` the oldest are dropped, lowest value first: heartbeats, then
+    predictions, then events (failures and maintenance are the labels retraining needs); each drop is counted.
+    ``durability: process`` survives a crash of the agent; ``power`` also a power cut (an fsync per commit).
+    """
+
+    max_bytes: ByteSize = 256 * 2**20
+    durability: Literal["process", "power"] = "process"
+    commit_interval: Duration = timedelta(milliseconds=20)
+    max_commit_items: Annotated[int, Field(ge=1)] = 2000
+    send_batch: Annotated[int, Field(ge=1, le=100_000)] = 1000
+
+
+class MachinePolicy(_Strict):
+    """Which machines the agent accepts. With ``allow`` or ``file`` set, any other machine is quarantined;
+    ``max`` bounds how many machines are tracked at once, so a flood of made-up ids cannot exhaust memory."""
+
+    allow: list[Identifier] = Field(default_factory=list)
+    file: Path | None = Field(None, description="a machines file; its machine_ids are allowed")
+    max: Annotated[int, Field(ge=1)] = 100_000
+
+
+class InputSpec(_Strict):
+    """Limits on input: readings stamped further ahead of the edge's clock than ``max_future`` are quarantined."""
+
+    max_future: Duration = timedelta(days=1)
+    max_sensors: Annotated[int, Field(ge=1, le=10_000)] = 512
+    max_record_bytes: Annotated[int, Field(ge=64)] = 64 * 1024
+
+
+class HealthSpec(_Strict):
+    """``/healthz`` and ``/metrics`` on a local port; ``port: 0`` picks a free one, ``enabled: false`` turns it off."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 9308
+
+
+class HeartbeatSpec(_Strict):
+    interval: Duration = timedelta(seconds=30)
+
+
+class LogSpec(_Strict):
+    format: Literal["json", "text"] = "json"
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class QuarantineSpec(_Strict):
+    """Bad input goes to ``state_dir/quarantine.jsonl``; at ``max_bytes`` it rotates to ``.1`` (one old file kept)."""
+
+    max_bytes: ByteSize = 64 * 2**20
+
+
 class EdgeConfig(_Strict):
     edge_id: Identifier
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     sources: list[Source] = Field(min_length=1)
     window: WindowSpec = Field(default_factory=WindowSpec)
     model: ModelSpec = Field(default_factory=ModelSpec)
+    updates: UpdatesSpec = Field(default_factory=UpdatesSpec)
+    outbox: OutboxSpec = Field(default_factory=OutboxSpec)
+    machines: MachinePolicy = Field(default_factory=MachinePolicy)
+    input: InputSpec = Field(default_factory=InputSpec)
+    health: HealthSpec = Field(default_factory=HealthSpec)
+    heartbeat: HeartbeatSpec = Field(default_factory=HeartbeatSpec)
+    log: LogSpec = Field(default_factory=LogSpec)
+    quarantine: QuarantineSpec = Field(default_factory=QuarantineSpec)
     state_dir: Path = Path(".state/edge")
     publish_events: bool = True
+    drain_timeout: Duration = Field(timedelta(seconds=10), description="on SIGTERM: how long to keep sending")
+    exit_when_sources_end: bool = Field(True, description="stop once every source has ended (replays, finite sims)")
+
+    @model_validator(mode="after")
+    def _distinct_source_names(self) -> EdgeConfig:
+        names = [source_name(s) for s in self.sources]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"sources must have distinct names (set `name:`); repeated: {', '.join(repeated)}")
+        return self
+
+    @property
+    def updates_active(self) -> bool:
+        """Updates run only where some key may sign them."""
+        return self.updates.enabled and bool(self.model.trusted_keys)
 
     @classmethod
     def load(cls, path: str | Path) -> EdgeConfig:
@@ -104,6 +307,8 @@ class EdgeConfig(_Strict):
             data = yaml.safe_load(path.read_text())
         except FileNotFoundError:
             raise ConfigError(f"{path}: no such config file") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{path}: is a directory, not a config file") from None
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
         if not isinstance(data, dict):
@@ -126,16 +331,26 @@ class EdgeConfig(_Strict):
         def fix(p: Path | None) -> Path | None:
             return p if p is None or p.is_absolute() else base / p
 
-        sources = [
-            s.model_copy(update={"telemetry": fix(s.telemetry), "events": fix(s.events), "machines": fix(s.machines)})
-            if isinstance(s, ReplaySource)
-            else s
-            for s in self.sources
-        ]
+        def fix_source(s: Source) -> Source:
+            paths = {
+                name: fix(getattr(s, name))
+                for name in ("telemetry", "events", "machines", "path", "ca_file")
+                if isinstance(getattr(s, name, None), Path)
+            }
+            return s.model_copy(update=paths)
+
         model = self.model.model_copy(
             update={"artifact": fix(self.model.artifact), "trusted_keys": [fix(k) for k in self.model.trusted_keys]}
         )
-        return self.model_copy(update={"sources": sources, "model": model, "state_dir": fix(self.state_dir)})
+        machines = self.machines.model_copy(update={"file": fix(self.machines.file)})
+        return self.model_copy(
+            update={
+                "sources": [fix_source(s) for s in self.sources],
+                "model": model,
+                "machines": machines,
+                "state_dir": fix(self.state_dir),
+            }
+        )
 
 
 class ConfigError(ValueError):
