@@ -1,21 +1,27 @@
-"""Pipeline v0 throughput: predictions/s from Kafka through the Beam pipeline (FnApiRunner) into the DuckDB store.
+"""Pipeline throughput in predictions/s, per engine: ingest (Kafka -> validate -> dedupe -> store -> alerts) and
+labeling (store -> labeled Parquet dataset).
 
-Fills a fresh topic with N Prediction messages (before the clock starts), then times one bounded ``run_once`` that
-reads, validates, drops duplicates and stores them all, and a second run over the same offsets (everything already
-stored: the idempotent path). Uses the configured broker if it answers, else a temporary local one.
+Fills fresh topics with N Prediction messages from 1,000 machines (and a failure event for every tenth machine)
+before any clock starts. Then, per engine: one bounded ingest run into a fresh store that reads, validates, drops
+duplicates, stores and raises alerts for all of them; on the local engine also a re-run over the same offsets
+(everything already stored: the idempotent path); and one labeling run over the stored predictions. Engines that
+are not installed are reported as such (``precursor pipeline engines --install prism|flink``). Uses the configured
+broker if it answers, else a temporary local one. The machine's load average is printed with the figures: on a
+shared machine it says how far to trust them.
 
-    .venv/bin/python bench/pipeline_throughput.py --messages 100000
+    .venv/bin/python bench/pipeline_throughput.py --messages 100000 --engines local,prism,flink
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from kafka import KafkaProducer
@@ -24,47 +30,104 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kafka_throughput import predictions, reachable_broker
 
+from contracts.messages import EdgeEvent, encode
 from contracts.settings import KafkaSettings
 from infra.kafka_admin import admin_client, ensure_topics
+from pipelines.engines import ENGINES, EngineError, EngineSettings, engine
+from pipelines.labeling import run_labeling
 from pipelines.run import run_once
+
+
+def failure_events(count: int) -> list[tuple[bytes, bytes]]:
+    """A failure for every tenth machine of :func:`predictions`, in the middle of its windows."""
+    windows_per_machine = max(1, count // 1000)
+    at = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=10 * windows_per_machine // 2, hours=1)
+    events = []
+    for m in range(0, min(count, 1000), 10):
+        machine = f"pump-{m:05d}"
+        event = EdgeEvent(edge_id=f"edge-{m % 50:04d}", seq=10**9 + m, machine_id=machine, timestamp=at,
+                          event="failure:bearing")  # fmt: skip
+        events.append((machine.encode(), encode(event)))
+    return events
+
+
+def fill(settings: KafkaSettings, count: int) -> None:
+    producer = KafkaProducer(**settings.client_kwargs(), acks="all", linger_ms=20, batch_size=256 * 1024)
+    for key, value in predictions(count):
+        producer.send(settings.topics.predictions, key=key, value=value)
+    for key, value in failure_events(count):
+        producer.send(settings.topics.events, key=key, value=value)
+    producer.flush()
+    producer.close()
+
+
+def timed(label: str, count: int, work: object) -> tuple[str, int, float]:
+    started = time.perf_counter()
+    work()  # type: ignore[operator]
+    return label, count, time.perf_counter() - started
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--engines", default="local,prism,flink", help=f"comma-separated, of {', '.join(ENGINES)}")
     args = parser.parse_args(argv)
+    names = [n.strip() for n in args.engines.split(",") if n.strip()]
 
     print(
         f"# pipeline throughput, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
-        f"{platform.processor() or platform.machine()}, python {platform.python_version()}"
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}"
     )
+    engine_settings = EngineSettings()
+    available, missing = [], {}
+    for name in names:
+        try:
+            engine(name, [], engine_settings)
+            available.append(name)
+        except EngineError as err:
+            missing[name] = str(err)
+    rows: list[tuple[str, int, float]] = []
+    load_before = os.getloadavg()[0]
     with reachable_broker(KafkaSettings()) as (base, where):
         settings = base.model_copy(update={"topic_prefix": f"bench{uuid.uuid4().hex[:6]}"})
         specs = settings.topics.specs()
         ensure_topics(settings, specs)
         try:
-            pairs = predictions(args.messages)
-            producer = KafkaProducer(**settings.client_kwargs(), acks="all", linger_ms=20, batch_size=256 * 1024)
-            for key, value in pairs:
-                producer.send(settings.topics.predictions, key=key, value=value)
-            producer.flush()
-            producer.close()
+            fill(settings, args.messages)
             with tempfile.TemporaryDirectory() as folder:
-                store = Path(folder) / "store.duckdb"
-                started = time.perf_counter()
-                first = run_once(settings, store)
-                first_s = time.perf_counter() - started
-                started = time.perf_counter()
-                again = run_once(settings, store, from_beginning=True)
-                again_s = time.perf_counter() - started
+                for name in available:
+                    store = Path(folder) / f"{name}.duckdb"
+                    report = {}
+
+                    def ingest(name: str = name, store: Path = store, report: dict = report) -> None:
+                        report["first"] = run_once(settings, store, runner=name, engine_settings=engine_settings,
+                                                   from_beginning=True)  # fmt: skip
+
+                    rows.append(timed(f"ingest, {name}: all new", args.messages, ingest))
+                    assert report["first"].stored == args.messages + len(failure_events(args.messages)), report
+                    if name == "local":
+
+                        def again(store: Path = store, report: dict = report) -> None:
+                            report["again"] = run_once(settings, store, from_beginning=True)
+
+                        rows.append(timed("ingest, local: all already stored", args.messages, again))
+                        assert report["again"].stored == 0, report
+
+                    def label(name: str = name, store: Path = store) -> None:
+                        run_labeling(store, Path(folder) / f"labels-{name}", runner=name,
+                                     engine_settings=engine_settings)  # fmt: skip
+
+                    rows.append(timed(f"labeling, {name}", args.messages, label))
         finally:
             with admin_client(settings, timeout_s=10) as admin:
                 admin.delete_topics([s.name for s in specs], raise_errors=False)
-    assert first.stored == args.messages and again.already_stored == args.messages, (first, again)
     print(f"broker: {where}")
-    print(f"{'run':<28}{'predictions':>12}{'seconds':>10}{'predictions/s':>16}")
-    print(f"{'first run (all new)':<28}{first.read:>12}{first_s:>10.2f}{first.read / first_s:>16,.0f}")
-    print(f"{'re-run (all already stored)':<28}{again.read:>12}{again_s:>10.2f}{again.read / again_s:>16,.0f}")
+    print(f"load average (1 min): {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
+    print(f"{'run':<40}{'predictions':>12}{'seconds':>10}{'predictions/s':>16}")
+    for label, count, seconds in rows:
+        print(f"{label:<40}{count:>12}{seconds:>10.2f}{count / seconds:>16,.0f}")
+    for name, why in missing.items():
+        print(f"{name}: not measured: {why}")
 
 
 if __name__ == "__main__":

@@ -1,156 +1,338 @@
-"""Pipeline v0: Kafka -> validate -> dead-letter -> drop duplicates -> prediction store.
+"""Ingest: Kafka -> validate -> dead-letter -> drop duplicates -> prediction store, in event time.
 
-One composite per topic (:class:`IngestTopic`) does the same four jobs for predictions and for events:
+One composite per topic does the same jobs for predictions and for events:
 
-    ReadKafka -> Parse (bad records to the dead-letter topic, with the reason) -> DropDuplicates by (edge_id, seq)
-             -> WriteToStore (ON CONFLICT DO NOTHING, so re-runs never double a row)
+    ReadKafka -> ParseMessages (bad records to the dead-letter topic, each with the reason)
+              -> DropDuplicates (grouped by machine, one per (edge_id, seq)) -> WriteToStore (ON CONFLICT DO NOTHING)
+
+Every record carries its event time as its Beam timestamp: a prediction's window end, an event's own time. Valid
+messages travel on as plain tuples (:mod:`pipelines.records`), not pydantic objects, so shuffles stay cheap.
+:class:`IngestPredictions` hands each machine's unique predictions on to :class:`pipelines.alerts.RaiseAlerts`.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import apache_beam as beam
+import pyarrow as pa
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import TimestampedValue
+from apache_beam.utils.timestamp import Timestamp
+from pydantic import ValidationError
 
-from contracts.messages import ContractError, DeadLetter, EdgeEvent, EdgeMessage, Prediction, decode, encode
-from pipelines.kafka_io import KafkaRecord, ProduceToKafka, ReadKafkaRanges
+from contracts.messages import (
+    ContractError,
+    DeadLetter,
+    EdgeEvent,
+    EdgeMessage,
+    Heartbeat,
+    Prediction,
+    decode,
+    encode,
+)
+from contracts.settings import KafkaSettings
+from pipelines.kafka_io import KafkaRecord, PartitionRange, ProduceToKafka, ReadKafkaRanges
+from pipelines.records import (
+    EventRecord,
+    HeartbeatRecord,
+    PredictionRecord,
+    event_record,
+    heartbeat_record,
+    prediction_record,
+    to_micros,
+)
 from store import PredictionStore
 
 DEAD = "dead"
 NAMESPACE = "precursor"
-
-
-def _parse_into(model: type[EdgeMessage]) -> Callable[[KafkaRecord], EdgeMessage]:
-    def parse(record: KafkaRecord) -> EdgeMessage:
-        if record.value is None:
-            raise ContractError(f"{model.__name__}: empty record (a tombstone has no message)")
-        return decode(model, record.value)
-
-    return parse
+UTC_MICROS = pa.timestamp("us", tz="UTC")
 
 
 class ParseMessages(beam.DoFn):
-    """Valid messages to the main output; anything else to ``dead`` as a DeadLetter naming what was wrong."""
+    """Valid messages to the main output as record tuples stamped with their event time; anything else to ``dead``
+    as a DeadLetter naming each bad field and its value."""
 
-    def __init__(self, model: type[EdgeMessage]) -> None:
+    def __init__(
+        self,
+        model: type[EdgeMessage],
+        to_record: Callable[..., tuple[Any, ...]],
+        event_time: int,
+        counter_prefix: str = "",
+    ) -> None:
         self._model = model
-        self._parse = _parse_into(model)
-        self._valid = Metrics.counter(NAMESPACE, f"{model.__name__}.valid")
-        self._invalid = Metrics.counter(NAMESPACE, f"{model.__name__}.dead_lettered")
+        self._to_record = to_record
+        self._event_time = event_time  # index of the record field that holds the event time (epoch microseconds)
+        prefix = counter_prefix or model.__name__
+        self._valid = Metrics.counter(NAMESPACE, f"{prefix}.valid")
+        self._invalid = Metrics.counter(NAMESPACE, f"{prefix}.dead_lettered")
 
     def process(self, record: KafkaRecord) -> Iterator[Any]:
         try:
             message = self._parse(record)
         except ContractError as err:
             self._invalid.inc()
-            yield beam.pvalue.TaggedOutput(
-                DEAD,
-                DeadLetter(
-                    source_topic=record.topic,
-                    partition=record.partition,
-                    offset=record.offset,
-                    key=record.key.decode("utf-8", "replace") if record.key else None,
-                    raw_b64=base64.b64encode(record.value or b"").decode(),
-                    reason=str(err),
-                ),
-            )
+            yield beam.pvalue.TaggedOutput(DEAD, dead_letter(record, str(err)))
             return
         self._valid.inc()
-        yield message
+        row = tuple(self._to_record(message, partition=record.partition, offset=record.offset))
+        yield TimestampedValue(row, Timestamp(micros=row[self._event_time]))
+
+    def _parse(self, record: KafkaRecord) -> EdgeMessage:
+        if record.value is None:
+            raise ContractError(f"{self._model.__name__}: empty record (a tombstone has no message)")
+        try:
+            # pydantic's own JSON parser is the fast path; the slower decode() runs only to explain a failure.
+            return self._model.model_validate_json(record.value)
+        except ValidationError:
+            return decode(self._model, record.value)
 
 
-class DropDuplicates(beam.PTransform):
-    """Keeps one message per (edge_id, seq): a retried send from an edge arrives twice but counts once."""
+def dead_letter(record: KafkaRecord, reason: str) -> DeadLetter:
+    return DeadLetter(
+        source_topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        key=record.key.decode("utf-8", "replace") if record.key else None,
+        raw_b64=base64.b64encode(record.value or b"").decode(),
+        reason=reason,
+    )
 
-    def expand(self, messages: beam.PCollection) -> beam.PCollection:
-        duplicates = Metrics.counter(NAMESPACE, "duplicates_dropped")
 
-        def first(key_and_messages: tuple[tuple[str, int], Iterable[EdgeMessage]]) -> EdgeMessage:
-            _, group = key_and_messages
-            items = list(group)
-            if len(items) > 1:
-                duplicates.inc(len(items) - 1)
-            return items[0]
+class SendDeadLetters(beam.PTransform):
+    """DeadLetter messages to the dead-letter topic, keyed by the source record's key."""
 
+    def __init__(self, settings: KafkaSettings) -> None:
+        super().__init__()
+        self._settings = settings
+
+    def expand(self, letters: beam.PCollection) -> beam.PCollection:
         return (
-            messages
-            | "KeyBySeq" >> beam.Map(lambda m: ((m.edge_id, m.seq), m))
-            | "GroupBySeq" >> beam.GroupByKey()
-            | "KeepFirst" >> beam.Map(first)
+            letters
+            | "EncodeDeadLetters" >> beam.Map(lambda d: ((d.key or "").encode(), encode(d)))
+            | "ProduceDeadLetters" >> beam.ParDo(ProduceToKafka(self._settings, self._settings.topics.deadletter))
         )
 
 
-class WriteToStore(beam.DoFn):
-    """Batches a bundle's messages into one insert; counts rows that were new versus already stored."""
+MACHINE = 2  # prediction and event records keep machine_id third
+EDGE = 0
 
-    def __init__(self, store_path: str, model: type[EdgeMessage], batch_size: int = 5000) -> None:
+
+class DropDuplicates(beam.PTransform):
+    """Groups records by machine (by edge for heartbeats) and keeps one per (edge_id, seq): a retried send from an
+    edge arrives twice but counts once. Emits ``(key, unique records in arrival order)`` stamped at the newest event
+    time among them.
+
+    Grouping by machine (not by (edge_id, seq)) costs the same one shuffle and hands the alerting step each machine's
+    records together, so the pipeline shuffles its predictions once.
+    """
+
+    def __init__(self, event_time: int, key: int = MACHINE, counter: str = "duplicates_dropped") -> None:
+        super().__init__()
+        self._event_time = event_time
+        self._key = key
+        self._counter = counter
+
+    def expand(self, rows: beam.PCollection) -> beam.PCollection:
+        duplicates = Metrics.counter(NAMESPACE, self._counter)
+        event_time = self._event_time
+        key = self._key
+
+        def keep_first(group: tuple[str, Iterable[tuple[Any, ...]]]) -> TimestampedValue:
+            machine_id, records = group
+            seen: set[tuple[str, int]] = set()
+            unique = []
+            for r in sorted(records, key=lambda r: (r[-2], r[-1])):  # arrival order: (partition, offset)
+                if (r[0], r[1]) in seen:
+                    duplicates.inc()
+                    continue
+                seen.add((r[0], r[1]))
+                unique.append(r)
+            newest = max(r[event_time] for r in unique)
+            return TimestampedValue((machine_id, tuple(unique)), Timestamp(micros=newest))
+
+        return (
+            rows
+            | "KeyByMachine" >> beam.Map(lambda r: (r[key], r))
+            | "GroupByMachine" >> beam.GroupByKey()
+            | "KeepFirst" >> beam.Map(keep_first)
+        )
+
+
+def _each_record(group: tuple[str, tuple[tuple[Any, ...], ...]]) -> tuple[tuple[Any, ...], ...]:
+    return group[1]
+
+
+def prediction_batch(rows: Sequence[tuple[Any, ...]], ingested_at: datetime) -> pa.Table:
+    """Prediction record tuples as the store's ``predictions`` columns."""
+    records = [PredictionRecord(*r) for r in rows]
+    tops = [max(r.risk, key=lambda pair: pair[1]) for r in records]
+    return pa.table(
+        {
+            "edge_id": [r.edge_id for r in records],
+            "seq": pa.array([r.seq for r in records], pa.int64()),
+            "machine_id": [r.machine_id for r in records],
+            "window_start": pa.array([r.window_start_us for r in records], UTC_MICROS),
+            "window_end": pa.array([r.window_end_us for r in records], UTC_MICROS),
+            "horizon_h": pa.array([r.horizon_h for r in records], pa.float64()),
+            "risk": [json.dumps(dict(r.risk), sort_keys=True) for r in records],
+            "max_risk": pa.array([top[1] for top in tops], pa.float64()),
+            "top_kind": [top[0] for top in tops],
+            "model_name": [r.model_name for r in records],
+            "model_version": [r.model_version for r in records],
+            "emitted_at": pa.array([r.emitted_at_us for r in records], UTC_MICROS),
+            "ingested_at": pa.array([to_micros(ingested_at)] * len(records), UTC_MICROS),
+        }
+    )
+
+
+def event_batch(rows: Sequence[tuple[Any, ...]], ingested_at: datetime) -> pa.Table:
+    """Event record tuples as the store's ``events`` columns."""
+    records = [EventRecord(*r) for r in rows]
+    return pa.table(
+        {
+            "edge_id": [r.edge_id for r in records],
+            "seq": pa.array([r.seq for r in records], pa.int64()),
+            "machine_id": [r.machine_id for r in records],
+            "ts": pa.array([r.at_us for r in records], UTC_MICROS),
+            "event": [r.event for r in records],
+            "kind": [r.kind for r in records],
+            "detail": pa.array([r.detail for r in records], pa.string()),
+            "ingested_at": pa.array([to_micros(ingested_at)] * len(records), UTC_MICROS),
+        }
+    )
+
+
+def heartbeat_batch(rows: Sequence[tuple[Any, ...]], ingested_at: datetime) -> pa.Table:
+    """Heartbeat record tuples as the store's ``heartbeats`` columns."""
+    records = [HeartbeatRecord(*r) for r in rows]
+    return pa.table(
+        {
+            "edge_id": [r.edge_id for r in records],
+            "seq": pa.array([r.seq for r in records], pa.int64()),
+            "ts": pa.array([r.at_us for r in records], UTC_MICROS),
+            "model_name": [r.model_name for r in records],
+            "model_version": [r.model_version for r in records],
+            "model_sha256": pa.array([r.model_sha256 for r in records], pa.string()),
+            "outbox_depth": pa.array([r.outbox_depth for r in records], pa.int64()),
+            "lag_s": pa.array([r.lag_s for r in records], pa.float64()),
+            "health": [r.health for r in records],
+            "machines": pa.array([r.machines for r in records], pa.int64()),
+            "ingested_at": pa.array([to_micros(ingested_at)] * len(records), UTC_MICROS),
+        }
+    )
+
+
+class WriteToStore(beam.DoFn):
+    """Batches a bundle's records into one insert; counts rows that were new versus already stored."""
+
+    def __init__(
+        self,
+        store_path: str,
+        table: str,
+        to_batch: Callable[[Sequence[tuple[Any, ...]], datetime], pa.Table],
+        counter_prefix: str,
+        batch_size: int = 20_000,
+    ) -> None:
         self._store_path = store_path
-        self._model = model
+        self._table = table
+        self._to_batch = to_batch
         self._batch_size = batch_size
-        self._batch: list[EdgeMessage] = []
-        self._stored = Metrics.counter(NAMESPACE, f"{model.__name__}.stored")
-        self._already = Metrics.counter(NAMESPACE, f"{model.__name__}.already_stored")
+        self._rows: list[tuple[Any, ...]] = []
+        self._stored = Metrics.counter(NAMESPACE, f"{counter_prefix}.stored")
+        self._already = Metrics.counter(NAMESPACE, f"{counter_prefix}.already_stored")
 
     def start_bundle(self) -> None:
-        self._batch = []
+        self._rows = []
 
-    def process(self, message: EdgeMessage) -> None:
-        self._batch.append(message)
-        if len(self._batch) >= self._batch_size:
+    def process(self, row: tuple[Any, ...]) -> None:
+        self._rows.append(row)
+        if len(self._rows) >= self._batch_size:
             self._flush()
 
     def finish_bundle(self) -> None:
         self._flush()
 
     def _flush(self) -> None:
-        if not self._batch:
+        if not self._rows:
             return
-        new = PredictionStore(self._store_path).insert(self._batch)  # type: ignore[arg-type]
+        batch = self._to_batch(self._rows, datetime.now(UTC))
+        new = PredictionStore(self._store_path).insert_table(self._table, batch)
         self._stored.inc(new)
-        self._already.inc(len(self._batch) - new)
-        self._batch = []
+        self._already.inc(len(self._rows) - new)
+        self._rows = []
 
 
-@dataclass(frozen=True)
-class TopicIngest:
-    """What to ingest from one topic: the message model it must match."""
+class _IngestTopic(beam.PTransform):
+    """ReadKafka -> Parse -> (dead letters | DropDuplicates -> WriteToStore); returns each machine's unique records."""
 
-    topic: str
     model: type[EdgeMessage]
+    table: str
+    to_record: Callable[..., tuple[Any, ...]]
+    to_batch: Callable[[Sequence[tuple[Any, ...]], datetime], pa.Table]
+    event_time: int
+    key: int = MACHINE
+    counter_prefix: str = ""
 
-
-class IngestTopic(beam.PTransform):
-    """ReadKafka -> Parse -> (DeadLetter | DropDuplicates -> WriteToStore) for one topic."""
-
-    def __init__(self, ingest: TopicIngest, ranges: list, settings: Any, store_path: str) -> None:
+    def __init__(self, ranges: list[PartitionRange], settings: KafkaSettings, store_path: str) -> None:
         super().__init__()
-        self._ingest = ingest
         self._ranges = ranges
         self._settings = settings
         self._store_path = store_path
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
-        model = self._ingest.model
         parsed = (
             pbegin
             | "ReadKafka" >> ReadKafkaRanges(self._settings, self._ranges)
-            | "Parse" >> beam.ParDo(ParseMessages(model)).with_outputs(DEAD, main="valid")
+            | "ParseMessages"
+            >> beam.ParDo(ParseMessages(self.model, self.to_record, self.event_time, self.counter_prefix)).with_outputs(
+                DEAD, main="valid"
+            )
         )
+        _ = parsed[DEAD] | "SendDeadLetters" >> SendDeadLetters(self._settings)
+        prefix = self.counter_prefix or self.model.__name__
+        duplicates = f"{prefix}.duplicates_dropped" if self.counter_prefix else "duplicates_dropped"
+        per_key = parsed["valid"] | "DropDuplicates" >> DropDuplicates(self.event_time, self.key, duplicates)
         _ = (
-            parsed[DEAD]
-            | "EncodeDeadLetters" >> beam.Map(lambda d: ((d.key or "").encode(), encode(d)))
-            | "SendDeadLetters" >> beam.ParDo(ProduceToKafka(self._settings, self._settings.topics.deadletter))
+            per_key
+            | "EachRecord" >> beam.FlatMap(_each_record)
+            | "WriteToStore" >> beam.ParDo(WriteToStore(self._store_path, self.table, self.to_batch, prefix))
         )
-        return (
-            parsed["valid"]
-            | "DropDuplicates" >> DropDuplicates()
-            | "WriteToStore" >> beam.ParDo(WriteToStore(self._store_path, model))
-        )
+        return per_key
 
 
-def topic_ingests(topics: Any) -> list[TopicIngest]:
-    return [TopicIngest(topics.predictions, Prediction), TopicIngest(topics.events, EdgeEvent)]
+class IngestPredictions(_IngestTopic):
+    """The predictions topic into the store; returns ``(machine_id, unique prediction records)``."""
+
+    model = Prediction
+    table = "predictions"
+    to_record = staticmethod(prediction_record)
+    to_batch = staticmethod(prediction_batch)
+    event_time = PredictionRecord._fields.index("window_end_us")
+
+
+class IngestEvents(_IngestTopic):
+    """The events topic into the store; returns ``(machine_id, unique event records)``."""
+
+    model = EdgeEvent
+    table = "events"
+    to_record = staticmethod(event_record)
+    to_batch = staticmethod(event_batch)
+    event_time = EventRecord._fields.index("at_us")
+
+
+class IngestHeartbeats(_IngestTopic):
+    """The heartbeats topic into the store (the fleet page's edge health); returns ``(edge_id, unique records)``.
+    Its counters are apart (``heartbeats.*``) so a run's prediction and event figures stay what they were."""
+
+    model = Heartbeat
+    table = "heartbeats"
+    to_record = staticmethod(heartbeat_record)
+    to_batch = staticmethod(heartbeat_batch)
+    event_time = HeartbeatRecord._fields.index("at_us")
+    key = EDGE
+    counter_prefix = "heartbeats"

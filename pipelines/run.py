@@ -1,11 +1,10 @@
-"""``precursor pipeline run``: ingest predictions and events from Kafka into the prediction store.
+"""``precursor pipeline run``: Kafka predictions, events and heartbeats -> the prediction store, with alerts.
 
-Runner, chosen on purpose: the local default is Beam's in-process ``FnApiRunner`` (the portable batch runner behind
-the DirectRunner). It runs offline, starts in about a second, needs no Docker, no Java and downloads nothing, and each
-run is a bounded snapshot of Kafka (see :mod:`pipelines.kafka_io`), so batch semantics are exact. We do not leave it
-to ``DirectRunner``'s switching logic, which would first try to download the Prism runner from GitHub. Any other Beam
-runner can be named with ``--runner`` (e.g. ``FlinkRunner`` with ``--flink_master``, or ``DataflowRunner``) and the
-remaining arguments go to Beam's ``PipelineOptions`` unchanged.
+Each run is a bounded snapshot of Kafka (see :mod:`pipelines.kafka_io`): it reads every partition from the committed
+offset to the current end, stores and dead-letters what it read, raises and clears alerts
+(:mod:`pipelines.alerts`), and only then commits the offsets. Event-time state that must outlive a run (each
+machine's watermark, alert state and pending predictions) is carried in the store, so cutting the stream into more or
+fewer runs gives the same alerts. The engine is ``local`` by default; see :mod:`pipelines.engines` for the others.
 """
 
 from __future__ import annotations
@@ -15,17 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-
 from contracts.settings import KafkaSettings
-from pipelines.ingest import NAMESPACE, IngestTopic, topic_ingests
+from pipelines.alerts import RaiseAlerts
+from pipelines.engines import LOCAL, EngineSettings, counters, engine
+from pipelines.ingest import NAMESPACE, IngestEvents, IngestHeartbeats, IngestPredictions
 from pipelines.kafka_io import PartitionRange, plan_ranges
+from pipelines.settings import PipelineSettings
 from store import Offset, PredictionStore
 
 CONSUMER = "ingest-v0"
-LOCAL_RUNNER = "local"
 
 
 @dataclass
@@ -37,6 +34,12 @@ class RunReport:
     already_stored: int = 0
     duplicates: int = 0
     dead_lettered: int = 0
+    alerts_raised: int = 0
+    alerts_cleared: int = 0
+    too_late: int = 0  # predictions behind their machine's watermark on arrival: stored, not alerted on
+    pending: int = 0  # predictions not yet behind their machine's watermark, carried to the next run
+    heartbeats_read: int = 0  # heartbeats are counted apart from predictions and events
+    heartbeats_stored: int = 0
     seconds: float = 0.0
     ranges: list[PartitionRange] = field(default_factory=list)
 
@@ -47,54 +50,75 @@ class RunReport:
             self.already_stored + other.already_stored,
             self.duplicates + other.duplicates,
             self.dead_lettered + other.dead_lettered,
+            self.alerts_raised + other.alerts_raised,
+            self.alerts_cleared + other.alerts_cleared,
+            self.too_late + other.too_late,
+            other.pending if other.read else self.pending,
+            self.heartbeats_read + other.heartbeats_read,
+            self.heartbeats_stored + other.heartbeats_stored,
             self.seconds + other.seconds,
             self.ranges + other.ranges,
         )
-
-
-def _runner(name: str) -> beam.runners.PipelineRunner | str:
-    return FnApiRunner() if name == LOCAL_RUNNER else name
 
 
 def run_once(
     settings: KafkaSettings,
     store_path: str | Path,
     *,
-    runner: str = LOCAL_RUNNER,
+    pipeline_settings: PipelineSettings | None = None,
+    runner: str = LOCAL,
     beam_args: list[str] | None = None,
+    engine_settings: EngineSettings | None = None,
     from_beginning: bool = False,
     consumer: str = CONSUMER,
 ) -> RunReport:
-    """Read everything new on the predictions and events topics, store it, then commit progress."""
+    """Read everything new on the predictions and events topics, store it, raise alerts, then commit progress."""
     started = time.monotonic()
+    pipeline_settings = pipeline_settings or PipelineSettings()
     store = PredictionStore(store_path)
-    plans = []
-    for ingest in topic_ingests(settings.topics):
-        committed = {} if from_beginning else store.offsets(consumer, ingest.topic)
-        plans.append((ingest, plan_ranges(settings, ingest.topic, committed)))
-    ranges = [r for _, rs in plans for r in rs]
-    report = RunReport(read=sum(r.size for r in ranges), ranges=ranges)
-    if report.read == 0:
+    topics = settings.topics
+    names = (topics.predictions, topics.events, topics.heartbeats)
+    committed = {t: {} if from_beginning else store.offsets(consumer, t) for t in names}
+    prediction_ranges, event_ranges, heartbeat_ranges = (plan_ranges(settings, t, committed[t]) for t in names)
+    ranges = prediction_ranges + event_ranges + heartbeat_ranges
+    report = RunReport(
+        read=sum(r.size for r in prediction_ranges + event_ranges),
+        heartbeats_read=sum(r.size for r in heartbeat_ranges),
+        ranges=ranges,
+    )
+    if report.read + report.heartbeats_read == 0:
         report.seconds = time.monotonic() - started
         return report
 
-    options = PipelineOptions(beam_args or [])
-    pipeline = beam.Pipeline(runner=_runner(runner), options=options)
-    for ingest, rs in plans:
-        if any(r.size for r in rs):
-            _ = pipeline | f"Ingest[{ingest.topic}]" >> IngestTopic(ingest, rs, settings, str(store_path))
+    pipeline = engine(runner, beam_args, engine_settings).pipeline()
+    path = str(store_path)
+    if any(r.size for r in prediction_ranges):
+        predictions = pipeline | "IngestPredictions" >> IngestPredictions(prediction_ranges, settings, path)
+        _ = predictions | "RaiseAlerts" >> RaiseAlerts(
+            pipeline_settings.alert_rule,
+            pipeline_settings.allowed_lateness_s * 1_000_000,
+            store.alert_timelines(),
+            settings,
+            path,
+        )
+    if any(r.size for r in event_ranges):
+        _ = pipeline | "IngestEvents" >> IngestEvents(event_ranges, settings, path)
+    if any(r.size for r in heartbeat_ranges):
+        _ = pipeline | "IngestHeartbeats" >> IngestHeartbeats(heartbeat_ranges, settings, path)
     result = pipeline.run()
     result.wait_until_finish()
 
-    counters = {
-        c.key.metric.name: c.committed
-        for c in result.metrics().query()["counters"]
-        if c.key.metric.namespace == NAMESPACE
-    }
-    report.stored = sum(v for k, v in counters.items() if k.endswith(".stored"))
-    report.already_stored = sum(v for k, v in counters.items() if k.endswith(".already_stored"))
-    report.dead_lettered = sum(v for k, v in counters.items() if k.endswith(".dead_lettered"))
-    report.duplicates = counters.get("duplicates_dropped", 0)
+    c = counters(result, NAMESPACE)
+    kinds = ("Prediction", "EdgeEvent")
+    report.stored = sum(c.get(f"{k}.stored", 0) for k in kinds)
+    report.already_stored = sum(c.get(f"{k}.already_stored", 0) for k in kinds)
+    report.dead_lettered = sum(c.get(f"{k}.dead_lettered", 0) for k in kinds)
+    report.heartbeats_stored = c.get("heartbeats.stored", 0)
+    report.duplicates = c.get("duplicates_dropped", 0)
+    report.alerts_raised = c.get("alerts.raised", 0)
+    report.alerts_cleared = c.get("alerts.cleared", 0)
+    report.too_late = c.get("predictions.too_late", 0)
+    report.pending = c.get("predictions.pending", 0)
     # Only now, with every record stored or dead-lettered, does progress move forward.
     store.commit_offsets(consumer, [Offset(r.topic, r.partition, r.end) for r in ranges])
     report.seconds = time.monotonic() - started

@@ -13,9 +13,9 @@ from typing import Annotated
 
 import typer
 
-from contracts.settings import KafkaSettings
 from infra.cli import kafka_app
-from precursor.common import StoreOption, fail, store_path
+from pipelines.cli import pipeline_app
+from precursor.common import fail
 from precursor.query_cli import query_app
 from simulator.cli import simulate_command
 
@@ -25,7 +25,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 edge_app = typer.Typer(help="The edge agent daemon.", no_args_is_help=True)
-pipeline_app = typer.Typer(help="Apache Beam pipelines over the Kafka topics.", no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(edge_app, name="edge")
 app.add_typer(pipeline_app, name="pipeline")
@@ -64,51 +63,6 @@ def edge_run(
         f"edge agent done: {stats.readings} readings, {stats.windows} windows, {stats.predictions} predictions, "
         f"{stats.events} events, {stats.quarantined} quarantined"
     )
-
-
-@pipeline_app.command("run")
-def pipeline_run(
-    store: StoreOption = None,
-    follow: Annotated[
-        bool, typer.Option("--follow", help="keep running, ingesting new records as they arrive")
-    ] = False,
-    idle_exit: Annotated[
-        float | None, typer.Option("--idle-exit", help="with --follow: stop after this many seconds with nothing new")
-    ] = None,
-    from_beginning: Annotated[
-        bool, typer.Option("--from-beginning", help="re-read every retained record (stored rows are not doubled)")
-    ] = False,
-    runner: Annotated[
-        str, typer.Option("--runner", help="'local' (in-process FnApiRunner) or a Beam runner name, e.g. FlinkRunner")
-    ] = "local",
-    beam_arg: Annotated[
-        list[str] | None, typer.Option("--beam-arg", help="extra Beam pipeline option, e.g. --flink_master=host:8081")
-    ] = None,
-) -> None:
-    """Kafka predictions and events -> validate -> dead-letter -> drop duplicates -> prediction store."""
-    from edge_agent.publisher import BrokerUnreachable, check_reachable
-    from pipelines.run import RunReport, run_once
-    from pipelines.run import follow as follow_topics
-
-    settings = KafkaSettings()
-    try:
-        check_reachable(settings.servers)
-    except BrokerUnreachable as err:
-        raise fail(str(err)) from None
-    path = store_path(store)
-    kwargs = {"runner": runner, "beam_args": beam_arg or [], "from_beginning": from_beginning}
-
-    def say(r: RunReport) -> None:
-        typer.echo(
-            f"pipeline: read {r.read}, stored {r.stored}, already stored {r.already_stored}, "
-            f"duplicates dropped {r.duplicates}, dead-lettered {r.dead_lettered} in {r.seconds:.1f} s -> {path}"
-        )
-
-    if follow:
-        total = follow_topics(settings, path, idle_exit_s=idle_exit, on_report=say, **kwargs)  # type: ignore[arg-type]
-        say(total)
-    else:
-        say(run_once(settings, path, **kwargs))  # type: ignore[arg-type]
 
 
 @app.command("demo")

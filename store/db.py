@@ -3,6 +3,11 @@
 Rows are keyed by the edge's idempotency key ``(edge_id, seq)``, and every insert is ``ON CONFLICT DO NOTHING``: a
 re-run over the same Kafka offsets, or a retried send from an edge, never adds a row twice.
 
+Besides predictions and events, the pipelines keep here: ``alerts`` (raised and cleared, keyed by machine, kind,
+time and state), ``alert_timelines`` (each machine's event-time alert state carried from one bounded run to the next),
+``model_metrics`` (quality per model version, kind and monitoring window) and ``drift`` (PSI per feature and window;
+rows with ``drifted`` are the drift events).
+
 DuckDB lets one process write at a time, so writers hold the file only for the length of one batch and readers retry
 briefly when a writer has it (see :func:`connect`).
 """
@@ -51,6 +56,53 @@ CREATE TABLE IF NOT EXISTS events (
     ingested_at TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (edge_id, seq)
 );
+CREATE TABLE IF NOT EXISTS alerts (
+    machine_id    VARCHAR     NOT NULL,
+    kind          VARCHAR     NOT NULL,
+    state         VARCHAR     NOT NULL,
+    ts            TIMESTAMPTZ NOT NULL,
+    risk          DOUBLE      NOT NULL,
+    model_version VARCHAR     NOT NULL,
+    stored_at     TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (machine_id, kind, ts, state)
+);
+CREATE TABLE IF NOT EXISTS alert_timelines (
+    machine_id VARCHAR     NOT NULL PRIMARY KEY,
+    timeline   JSON        NOT NULL,
+    updated_at TIMESTAMPTZ NOT NULL
+);
+CREATE TABLE IF NOT EXISTS model_metrics (
+    model_name     VARCHAR     NOT NULL,
+    model_version  VARCHAR     NOT NULL,
+    kind           VARCHAR     NOT NULL,
+    window_start   TIMESTAMPTZ NOT NULL,
+    window_end     TIMESTAMPTZ NOT NULL,
+    examples       BIGINT      NOT NULL,
+    tp             BIGINT      NOT NULL,
+    fp             BIGINT      NOT NULL,
+    fn             BIGINT      NOT NULL,
+    tn             BIGINT      NOT NULL,
+    precision      DOUBLE,
+    recall         DOUBLE,
+    failures       BIGINT      NOT NULL,
+    failures_caught BIGINT     NOT NULL,
+    mean_lead_time_h DOUBLE,
+    threshold      DOUBLE      NOT NULL,
+    computed_at    TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (model_name, model_version, kind, window_start, window_end)
+);
+CREATE TABLE IF NOT EXISTS drift (
+    model_name    VARCHAR     NOT NULL,
+    model_version VARCHAR     NOT NULL,
+    feature       VARCHAR     NOT NULL,
+    window_start  TIMESTAMPTZ NOT NULL,
+    window_end    TIMESTAMPTZ NOT NULL,
+    psi           DOUBLE      NOT NULL,
+    observations  BIGINT      NOT NULL,
+    drifted       BOOLEAN     NOT NULL,
+    computed_at   TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (model_name, model_version, feature, window_start, window_end)
+);
 CREATE TABLE IF NOT EXISTS consumer_offsets (
     consumer    VARCHAR NOT NULL,
     topic       VARCHAR NOT NULL,
@@ -59,13 +111,74 @@ CREATE TABLE IF NOT EXISTS consumer_offsets (
     updated_at  TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (consumer, topic, partition)
 );
+-- Each machine's newest prediction (by window_end, then seq), kept by the writer in the same transaction as the
+-- predictions it comes from (LATEST_PREDICTIONS_UPSERT): "at risk now" reads a row per machine, not 10 M rows.
+CREATE TABLE IF NOT EXISTS latest_predictions (
+    machine_id     VARCHAR   NOT NULL PRIMARY KEY,
+    edge_id        VARCHAR   NOT NULL,
+    seq            BIGINT    NOT NULL,
+    window_start   TIMESTAMPTZ NOT NULL,
+    window_end     TIMESTAMPTZ NOT NULL,
+    horizon_h      DOUBLE    NOT NULL,
+    risk           JSON      NOT NULL,
+    max_risk       DOUBLE    NOT NULL,
+    top_kind       VARCHAR   NOT NULL,
+    model_name     VARCHAR   NOT NULL,
+    model_version  VARCHAR   NOT NULL,
+    emitted_at     TIMESTAMPTZ NOT NULL,
+    ingested_at    TIMESTAMPTZ NOT NULL
+);
+CREATE TABLE IF NOT EXISTS heartbeats (
+    edge_id       VARCHAR NOT NULL,
+    seq           BIGINT  NOT NULL,
+    ts            TIMESTAMPTZ NOT NULL,
+    model_name    VARCHAR NOT NULL,
+    model_version VARCHAR NOT NULL,
+    model_sha256  VARCHAR,
+    outbox_depth  BIGINT  NOT NULL,
+    lag_s         DOUBLE  NOT NULL,
+    health        VARCHAR NOT NULL,
+    machines      BIGINT  NOT NULL,
+    ingested_at   TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (edge_id, seq)
+);
+-- Opt-in per-sensor summaries (the precursor.telemetry topic): what the dashboard draws as sensor lines.
+CREATE TABLE IF NOT EXISTS telemetry_summaries (
+    machine_id   VARCHAR NOT NULL,
+    sensor       VARCHAR NOT NULL,
+    window_start TIMESTAMPTZ NOT NULL,
+    window_end   TIMESTAMPTZ NOT NULL,
+    value_mean   DOUBLE,
+    value_min    DOUBLE,
+    value_max    DOUBLE,
+    samples      BIGINT  NOT NULL,
+    PRIMARY KEY (machine_id, sensor, window_end)
+);
 """
+
+LATEST_PREDICTIONS_UPSERT = """
+INSERT INTO latest_predictions
+SELECT machine_id, edge_id, seq, window_start, window_end, horizon_h, risk, max_risk, top_kind, model_name,
+       model_version, emitted_at, ingested_at
+FROM incoming
+QUALIFY row_number() OVER (PARTITION BY machine_id ORDER BY window_end DESC, seq DESC) = 1
+ON CONFLICT (machine_id) DO UPDATE SET
+    edge_id = excluded.edge_id, seq = excluded.seq, window_start = excluded.window_start,
+    window_end = excluded.window_end, horizon_h = excluded.horizon_h, risk = excluded.risk,
+    max_risk = excluded.max_risk, top_kind = excluded.top_kind, model_name = excluded.model_name,
+    model_version = excluded.model_version, emitted_at = excluded.emitted_at, ingested_at = excluded.ingested_at
+WHERE (excluded.window_end, excluded.seq) > (latest_predictions.window_end, latest_predictions.seq)
+"""
+"""Keeps ``latest_predictions`` current from a batch registered as ``incoming``; run it after inserting the batch."""
 
 PREDICTION_COLUMNS = (
     "edge_id, seq, machine_id, window_start, window_end, horizon_h, risk, max_risk, top_kind, "
     "model_name, model_version, emitted_at, ingested_at"
 )
 EVENT_COLUMNS = "edge_id, seq, machine_id, ts, event, kind, detail, ingested_at"
+WRITABLE_TABLES = frozenset(
+    {"predictions", "events", "heartbeats", "alerts", "alert_timelines", "model_metrics", "drift"}
+)
 
 
 class StoreBusy(RuntimeError):
@@ -165,6 +278,38 @@ class PredictionStore:
             ).fetchone()
             con.unregister("incoming")
         return int(inserted[0]) if inserted else 0
+
+    def insert_table(self, table: str, batch: pa.Table, *, replace: bool = False) -> int:
+        """Insert an Arrow table whose column names are ``table``'s; returns how many rows were written.
+
+        Rows whose key is already stored are skipped, or with ``replace`` overwrite the stored row (for state and
+        metrics that a later run recomputes).
+        """
+        if table not in WRITABLE_TABLES:
+            raise ValueError(f"table={table!r}: not a store table; one of {sorted(WRITABLE_TABLES)}")
+        if batch.num_rows == 0:
+            return 0
+        columns = ", ".join(batch.column_names)
+        verb = "INSERT OR REPLACE" if replace else "INSERT"
+        conflict = "" if replace else " ON CONFLICT DO NOTHING"
+        with connect(self.path) as con:
+            con.register("incoming", batch)
+            con.execute("BEGIN TRANSACTION")
+            written = con.execute(
+                f"{verb} INTO {table} ({columns}) SELECT {columns} FROM incoming{conflict}"
+            ).fetchone()
+            if table == "predictions":
+                con.execute(LATEST_PREDICTIONS_UPSERT)
+            con.execute("COMMIT")
+            con.unregister("incoming")
+        return int(written[0]) if written else 0
+
+    def alert_timelines(self) -> dict[str, str]:
+        """machine_id -> the alert timeline (JSON) the last pipeline run left for it."""
+        if not self.path.exists():
+            return {}
+        with connect(self.path) as con:
+            return dict(con.execute("SELECT machine_id, timeline::VARCHAR FROM alert_timelines").fetchall())
 
     def offsets(self, consumer: str, topic: str) -> dict[int, int]:
         """partition -> next offset to read, for one consumer of one topic."""

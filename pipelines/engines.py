@@ -1,0 +1,187 @@
+"""Where a pipeline runs: the in-process runner, Beam's portable Prism runner, Apache Flink, or any Beam runner.
+
+- ``local`` (the default): Beam's in-process ``FnApiRunner``. Offline, no Java, no Docker, starts in a second. We name
+  it ourselves rather than leave it to ``DirectRunner``, which would first try to download Prism from GitHub.
+- ``prism``: Beam's portable reference runner (a Go program). It takes the same portable path as Flink (the pipeline
+  is translated to Beam's runner API, submitted to a job service and executed by SDK workers over the Fn API, with
+  state, timers and watermarks done by the runner), so a pipeline that gives the local result on Prism is portable.
+  The binary is built at install time from the Go module of the same Beam version (``go install``; needs Go).
+- ``flink``: Beam's ``FlinkRunner``. With ``flink_master = "[local]"`` it starts an embedded Flink mini-cluster in the
+  job server's JVM; with ``host:port`` it submits to a real Flink cluster (the job server still runs locally, the
+  SDK workers run where ``--environment_type`` says: ``LOOPBACK`` for this process, ``PROCESS`` or ``EXTERNAL`` on the
+  task managers). The job server jar (``org.apache.beam:beam-runners-flink-<flink>-job-server``, the same Beam
+  version as the Python SDK) is resolved from Maven Central at install time by ``infra/maven/flink/pom.xml``.
+- Any other name (``DataflowRunner``, ``PortableRunner``, ...) is handed to Beam with the extra ``beam_args``
+  unchanged, e.g. ``--runner DataflowRunner --beam-arg=--project=P --beam-arg=--region=R
+  --beam-arg=--temp_location=gs://B/tmp``.
+
+Nothing is downloaded when a pipeline runs: a missing binary or jar is an error that names the install command.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner, worker_handlers
+from apache_beam.runners.runner import PipelineResult
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from contracts.settings import PrecursorSettings
+from infra.maven_jars import MissingToolError, pom_digest, resolve_runtime_jars
+
+LOCAL = "local"
+PRISM = "prism"
+FLINK = "flink"
+ENGINES = (LOCAL, PRISM, FLINK)
+
+BEAM_VERSION = beam.__version__
+PRISM_MODULE = "github.com/apache/beam/sdks/v2/go/cmd/prism"
+FLINK_POM = Path(__file__).resolve().parents[1] / "infra" / "maven" / "flink" / "pom.xml"
+
+# Flink on Java 17 reflects into JDK internals (Kryo, its memory manager); these are the openings its own launcher adds.
+_JAVA17_OPENS = [
+    f"--add-opens=java.base/{package}=ALL-UNNAMED"
+    for package in ("java.lang", "java.util", "java.io", "java.nio", "java.net", "java.lang.reflect", "java.text")
+]
+
+
+class EngineError(RuntimeError):
+    """An engine that cannot run here as configured; the text says what to install or set."""
+
+
+class EngineSettings(BaseSettings):
+    """Where the engines' installed parts are, and how Flink is reached. ``PRECURSOR_ENGINE_*`` variables."""
+
+    model_config = SettingsConfigDict(env_prefix="PRECURSOR_ENGINE_", extra="forbid")
+
+    root: Path | None = Field(None, description="install folder; default <state_dir>/engines")
+    prism_binary: Path | None = Field(None, description="a Prism binary to use instead of the installed one")
+    flink_job_server_jar: Path | None = Field(None, description="a Flink job server jar instead of the resolved one")
+    flink_master: str = Field("[local]", description="[local] for an embedded cluster, or host:port of a cluster")
+    flink_environment: str = Field("LOOPBACK", description="where SDK workers run: LOOPBACK, PROCESS or EXTERNAL")
+    parallelism: int = Field(2, ge=1)
+
+    @property
+    def install_root(self) -> Path:
+        return self.root or PrecursorSettings().state_dir / "engines"
+
+    @property
+    def prism_path(self) -> Path:
+        return self.prism_binary or self.install_root / "prism" / f"v{BEAM_VERSION}" / "prism"
+
+    @property
+    def flink_jars_root(self) -> Path:
+        return self.install_root / "flink"
+
+    def flink_jar(self) -> Path:
+        """The job server jar: the configured one, else the one the install step resolved (never resolved here)."""
+        if self.flink_job_server_jar is not None:
+            if not self.flink_job_server_jar.is_file():
+                raise EngineError(f"flink_job_server_jar={str(self.flink_job_server_jar)!r}: no such file")
+            return self.flink_job_server_jar
+        folder = self.flink_jars_root / pom_digest(FLINK_POM)
+        jars = sorted(folder.glob("beam-runners-flink-*-job-server-*.jar")) if folder.is_dir() else []
+        if not jars:
+            raise EngineError(
+                f"no Flink job server jar in {folder}: run `precursor pipeline engines --install flink` once "
+                "(resolves it from Maven Central), or set PRECURSOR_ENGINE_FLINK_JOB_SERVER_JAR"
+            )
+        return jars[0]
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A runner and its options, ready for ``beam.Pipeline(runner=..., options=...)``."""
+
+    name: str
+    runner: beam.runners.PipelineRunner | str
+    options: PipelineOptions
+
+    def pipeline(self) -> beam.Pipeline:
+        return beam.Pipeline(runner=self.runner, options=self.options)
+
+
+def engine(name: str, beam_args: list[str] | None = None, settings: EngineSettings | None = None) -> Engine:
+    """The engine called ``name`` (``local``, ``prism``, ``flink`` or a Beam runner name) with ``beam_args`` added."""
+    settings = settings or EngineSettings()
+    extra = list(beam_args or [])
+    if name == LOCAL:
+        # The in-process worker sizes every user-state write for its cache by walking all loaded modules (about
+        # 1.5 ms a write: most of a run with many machines). A bounded run never revisits a key in a later bundle,
+        # so the cache buys nothing here; size 0 turns it off for this process's in-process workers.
+        worker_handlers.STATE_CACHE_SIZE_MB = 0
+        return Engine(name, FnApiRunner(), PipelineOptions(extra))
+    if name == PRISM:
+        binary = settings.prism_path
+        if not binary.is_file():
+            raise EngineError(
+                f"no Prism binary at {binary}: run `precursor pipeline engines --install prism` once "
+                "(builds it with Go), or set PRECURSOR_ENGINE_PRISM_BINARY"
+            )
+        args = ["--runner=PrismRunner", f"--prism_location={binary}", "--environment_type=LOOPBACK"]
+        return Engine(name, "PrismRunner", PipelineOptions(args + extra))
+    if name == FLINK:
+        args = [
+            "--runner=FlinkRunner",
+            f"--flink_master={settings.flink_master}",
+            f"--flink_job_server_jar={settings.flink_jar()}",
+            f"--environment_type={settings.flink_environment}",
+            f"--parallelism={settings.parallelism}",
+            *(f"--job_server_jvm_properties={opening}" for opening in _JAVA17_OPENS),
+        ]
+        return Engine(name, "FlinkRunner", PipelineOptions(args + extra))
+    return Engine(name, name, PipelineOptions([f"--runner={name}", *extra]))
+
+
+def counters(result: PipelineResult, namespace: str) -> dict[str, int]:
+    """Our counters of a finished pipeline, by name (committed values where the runner has them)."""
+    out: dict[str, int] = {}
+    for c in result.metrics().query()["counters"]:
+        if c.key.metric.namespace == namespace:
+            value = c.committed if c.committed is not None else c.attempted
+            out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(value or 0)
+    return out
+
+
+def install_prism(settings: EngineSettings | None = None, *, report: Callable[[str], None] = print) -> Path:
+    """Build the Prism binary of this Beam version with ``go install`` (once; later calls return at once)."""
+    settings = settings or EngineSettings()
+    target = settings.prism_path
+    if target.is_file():
+        return target
+    go = shutil.which("go")
+    if go is None:
+        raise MissingToolError("'go' not found, but it is needed once to build Beam's Prism runner: install Go 1.22+")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with (target.parent / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.is_file():
+            return target
+        staging = target.parent / f".build.{os.getpid()}"
+        report(f"building Prism {BEAM_VERSION} into {target} (go install {PRISM_MODULE}; first time takes minutes)")
+        env = os.environ | {"GOBIN": str(staging), "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
+        done = subprocess.run(
+            [go, "install", f"{PRISM_MODULE}@v{BEAM_VERSION}"], env=env, capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise EngineError(f"go install of Prism failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
+        (staging / "prism").rename(target)
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def install_flink(settings: EngineSettings | None = None, *, report: Callable[[str], None] = print) -> Path:
+    """Resolve the Flink job server jar from Maven Central into the engines folder (once)."""
+    settings = settings or EngineSettings()
+    resolve_runtime_jars(FLINK_POM, settings.flink_jars_root, report=report)
+    return settings.flink_jar()

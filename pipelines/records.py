@@ -1,0 +1,141 @@
+"""Validated messages as plain tuples: what travels between pipeline stages.
+
+Messages are validated once, by their pydantic contract, at the edge of the pipeline. After that they travel as plain
+tuples of str, int and float, with times as epoch microseconds (Beam's own timestamp unit): Beam encodes those with
+its fast primitive coder, where a pydantic object (or even a NamedTuple) falls back to pickling, several times slower
+at every shuffle. The NamedTuples below name the fields for readers; stages emit ``tuple(record)`` and rebuild the
+names with ``Record(*row)`` where they read fields.
+
+>>> from contracts.messages import Prediction
+>>> p = Prediction(edge_id="e1", seq=3, machine_id="pump-1", window_start="2026-01-01T00:00:00Z",
+...                window_end="2026-01-01T00:30:00Z", horizon_h=24, risk={"failure": 0.5, "bearing": 0.25},
+...                model_name="lm", model_version="2", emitted_at="2026-01-01T00:31:00Z")
+>>> r = prediction_record(p, partition=0, offset=17)
+>>> r.window_end_us == to_micros(p.window_end), r.risk
+(True, (('bearing', 0.25), ('failure', 0.5)))
+>>> PredictionRecord(*tuple(r)) == r
+True
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import NamedTuple
+
+from contracts.messages import EdgeEvent, Heartbeat, Prediction
+
+MICROS = 1_000_000
+HOUR_US = 3600 * MICROS
+
+RiskPairs = tuple[tuple[str, float], ...]
+"""A risk dict as (kind, probability) pairs sorted by kind: hashable, deterministic and cheap to encode."""
+
+
+def to_micros(moment: datetime) -> int:
+    """Epoch microseconds of an aware datetime, exactly (no float rounding)."""
+    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * MICROS + delta.microseconds
+
+
+def from_micros(micros: int) -> datetime:
+    return datetime.fromtimestamp(micros // MICROS, UTC).replace(microsecond=micros % MICROS)
+
+
+def iso(micros: int) -> str:
+    """``2026-01-01T00:30:00Z``: for messages and error texts."""
+    return from_micros(micros).isoformat().replace("+00:00", "Z")
+
+
+class PredictionRecord(NamedTuple):
+    edge_id: str
+    seq: int
+    machine_id: str
+    window_start_us: int
+    window_end_us: int
+    horizon_h: float
+    risk: RiskPairs
+    model_name: str
+    model_version: str
+    emitted_at_us: int
+    partition: int  # where it was read from: the arrival order that lateness is judged by
+    offset: int
+
+    @property
+    def risk_dict(self) -> dict[str, float]:
+        return dict(self.risk)
+
+    @property
+    def horizon_us(self) -> int:
+        return round(self.horizon_h * HOUR_US)
+
+
+class EventRecord(NamedTuple):
+    edge_id: str
+    seq: int
+    machine_id: str
+    at_us: int
+    event: str
+    partition: int
+    offset: int
+
+    @property
+    def kind(self) -> str:
+        return self.event.split(":", 1)[0]
+
+    @property
+    def detail(self) -> str | None:
+        parts = self.event.split(":", 1)
+        return parts[1] if len(parts) == 2 else None
+
+
+class HeartbeatRecord(NamedTuple):
+    edge_id: str
+    seq: int
+    at_us: int
+    model_name: str
+    model_version: str
+    model_sha256: str | None
+    outbox_depth: int
+    lag_s: float
+    health: str
+    machines: int
+    partition: int
+    offset: int
+
+
+def prediction_record(p: Prediction, *, partition: int, offset: int) -> PredictionRecord:
+    return PredictionRecord(
+        p.edge_id,
+        p.seq,
+        p.machine_id,
+        to_micros(p.window_start),
+        to_micros(p.window_end),
+        p.horizon_h,
+        tuple(sorted(p.risk.items())),
+        p.model_name,
+        p.model_version,
+        to_micros(p.emitted_at),
+        partition,
+        offset,
+    )
+
+
+def event_record(e: EdgeEvent, *, partition: int, offset: int) -> EventRecord:
+    return EventRecord(e.edge_id, e.seq, e.machine_id, to_micros(e.timestamp), e.event, partition, offset)
+
+
+def heartbeat_record(h: Heartbeat, *, partition: int, offset: int) -> HeartbeatRecord:
+    return HeartbeatRecord(
+        h.edge_id,
+        h.seq,
+        to_micros(h.timestamp),
+        h.model_name,
+        h.model_version,
+        h.model_sha256,
+        h.outbox_depth,
+        h.lag_s,
+        h.health,
+        h.machines,
+        partition,
+        offset,
+    )

@@ -1,0 +1,100 @@
+"""What the pipelines decide with: alert thresholds, allowed lateness, monitoring windows and the drift threshold.
+
+One settings object, read from ``PRECURSOR_PIPELINE_*`` variables (or built in code and passed in), so a test or a
+flow swaps it without patching anything.
+
+>>> s = PipelineSettings(alert_raise_threshold=0.8, alert_clear_threshold=0.5, allowed_lateness="15m")
+>>> s.allowed_lateness_s, s.alert_rule.raise_after
+(900, 2)
+>>> PipelineSettings(alert_raise_threshold=0.3, alert_clear_threshold=0.5)
+Traceback (most recent call last):
+...
+pydantic_core._pydantic_core.ValidationError: 1 validation error for PipelineSettings
+  Value error, alert_clear_threshold=0.5 must be below alert_raise_threshold=0.3 (hysteresis needs a gap) ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from contracts.durations import Duration
+
+Threshold = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
+@dataclass(frozen=True)
+class AlertRule:
+    """Hysteresis: raise after ``raise_after`` consecutive windows at or above ``raise_at``; clear after
+    ``clear_after`` consecutive windows below ``clear_below``. The gap between the two stops alert storms."""
+
+    raise_at: float
+    clear_below: float
+    raise_after: int
+    clear_after: int
+
+
+class PipelineSettings(BaseSettings):
+    """Settings of the ingest, labeling and monitoring pipelines."""
+
+    model_config = SettingsConfigDict(env_prefix="PRECURSOR_PIPELINE_", extra="forbid")
+
+    alert_raise_threshold: Threshold = 0.7
+    alert_clear_threshold: Threshold = 0.4
+    alert_raise_after: int = Field(2, ge=1, description="consecutive windows at or above the raise threshold")
+    alert_clear_after: int = Field(1, ge=1, description="consecutive windows below the clear threshold")
+    allowed_lateness: Duration = Field(
+        timedelta(minutes=10),
+        description="how far behind a source's newest event time a record may arrive and still count",
+    )
+    monitoring_window: Duration = Field(timedelta(days=7), description="length of a monitoring window")
+    monitoring_every: Duration = Field(timedelta(days=1), description="how often a monitoring window starts")
+    decision_threshold: Threshold | None = Field(
+        None, description="risk at which a window counts as a predicted failure; default: the alert raise threshold"
+    )
+    drift_threshold: float = Field(0.25, gt=0, description="PSI at or above which a drift event is written")
+    work_dir: Path | None = Field(
+        None, description="where store snapshots for labeling and monitoring go; shared with remote workers"
+    )
+    drift_min_observations: int = Field(
+        50, ge=1, description="fewer observations in a window than this decide no drift (too noisy to tell)"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PipelineSettings:
+        if self.alert_clear_threshold >= self.alert_raise_threshold:
+            raise ValueError(
+                f"alert_clear_threshold={self.alert_clear_threshold} must be below "
+                f"alert_raise_threshold={self.alert_raise_threshold} (hysteresis needs a gap)"
+            )
+        if self.allowed_lateness < timedelta(0):
+            raise ValueError(f"allowed_lateness={self.allowed_lateness} must not be negative")
+        for name in ("monitoring_window", "monitoring_every"):
+            if getattr(self, name) <= timedelta(0):
+                raise ValueError(f"{name}={getattr(self, name)} must be positive")
+        if self.monitoring_every > self.monitoring_window:
+            raise ValueError(
+                f"monitoring_every={self.monitoring_every} is longer than monitoring_window={self.monitoring_window}: "
+                "windows would leave gaps"
+            )
+        return self
+
+    @property
+    def alert_rule(self) -> AlertRule:
+        return AlertRule(
+            self.alert_raise_threshold, self.alert_clear_threshold, self.alert_raise_after, self.alert_clear_after
+        )
+
+    @property
+    def allowed_lateness_s(self) -> int:
+        return int(self.allowed_lateness.total_seconds())
+
+    @property
+    def threshold(self) -> float:
+        """The risk at which monitoring counts a window as a predicted failure."""
+        return self.alert_raise_threshold if self.decision_threshold is None else self.decision_threshold
