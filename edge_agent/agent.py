@@ -1,32 +1,53 @@
-"""The edge agent: telemetry in, windows scored, predictions and events out.
+"""The edge agent: telemetry in, windows scored, predictions and events out through the durable outbox.
 
-source -> WindowBuilder -> Scorer -> Prediction ─┐
-source -> Event ───────────────────────────────── EdgeEvent ─> Sink (Kafka, acks=all)
-source -> RowError -> Quarantine
+source batch -> readings -> WindowBuilder -> (at commit) Scorer.score_many -> Prediction ─┐
+source batch -> events ──────────────────────────────────────────────────── EdgeEvent ───┼─> Outbox (SQLite) -> Kafka
+heartbeat ────────────────────────────────────────────────────────────────── Heartbeat ──┘
+bad records, future timestamps, unknown machines -> Quarantine (a file and a counter per kind)
+
+A *commit* scores the windows completed since the last one, then writes in one transaction the predictions, events,
+heartbeats, the window journal and the sources' positions. Only after it returns are the sources acknowledged
+(MQTT PUBACKs): nothing a source was told is safe can be lost by a crash, and nothing before a saved position is
+processed twice.
+
+With a plain :class:`~edge_agent.publisher.Sink` instead of an :class:`~edge_agent.outbox.Outbox` (a unit test's
+list, or a publisher) the agent sends directly and numbers messages with a :class:`SequenceCounter` file.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
 
-from contracts.formats import RowError
-from contracts.messages import ContractError, EdgeEvent, Event, Prediction, TelemetryReading, validate
+import numpy as np
+
+from contracts.formats import RowError, read_machines
+from contracts.messages import ContractError, EdgeEvent, Event, Heartbeat, Prediction, TelemetryReading, validate
+from edge_agent.checkpoint import WindowCheckpoint, position_writer, read_positions
 from edge_agent.config import EdgeConfig
+from edge_agent.outbox import Outbox
 from edge_agent.publisher import Sink
 from edge_agent.quarantine import Quarantine
+from edge_agent.records import Reading
+from edge_agent.scorers import RunningModel, ScorerSlot
 from edge_agent.sequence import SequenceCounter
-from edge_agent.sources import Item
+from edge_agent.sources import Item, SourceBatch
 from edge_agent.windows import WindowBuilder
 from models.scoring import Scorer, Window
 
 log = logging.getLogger("precursor.edge")
 
-FUTURE_TOLERANCE = timedelta(days=1)
-"""Readings stamped further ahead of the edge's clock than this are quarantined: a broken clock, not data."""
+PRUNE_EVERY_S = 10.0
+"""How often the window journal forgets rows no future window needs."""
+
+Health = Literal["ok", "degraded", "failing"]
 
 
 @dataclass
@@ -36,118 +57,394 @@ class AgentStats:
     windows: int = 0
     predictions: int = 0
     quarantined: int = 0
+    heartbeats: int = 0
+    commits: int = 0
+    scoring_errors: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class LatencyRecorder:
+    """Seconds from a reading's arrival to its prediction being committed to the outbox.
+
+    Keeps the latest ``keep`` values for percentiles, and cumulative counts per bucket for Prometheus.
+    """
+
+    BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+    def __init__(self, keep: int = 100_000) -> None:
+        self.recent: deque[float] = deque(maxlen=keep)
+        self.bucket_counts = [0] * (len(self.BUCKETS) + 1)
+        self.count = 0
+        self.total = 0.0
+
+    def add(self, seconds: float, n: int = 1) -> None:
+        self.recent.extend([seconds] * n)
+        self.count += n
+        self.total += seconds * n
+        i = 0
+        while i < len(self.BUCKETS) and seconds > self.BUCKETS[i]:
+            i += 1
+        self.bucket_counts[i] += n
+
+    def percentile(self, q: float) -> float | None:
+        if not self.recent:
+            return None
+        return float(np.percentile(np.fromiter(self.recent, dtype=np.float64), q))
 
 
 class EdgeAgent:
-    """Runs one scorer over the windows of every machine its sources report."""
+    """Runs one scorer (swappable, see :class:`ScorerSlot`) over the windows of every machine its sources report."""
 
     def __init__(
         self,
         config: EdgeConfig,
-        scorer: Scorer,
-        sink: Sink,
+        scorer: Scorer | ScorerSlot,
+        sink: Sink | Outbox,
         *,
         attributes: dict[str, dict[str, str]] | None = None,
-        batch_size: int = 64,
+        batch_size: int = 16,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
-        self.scorer = scorer
-        self.sink = sink
-        self.windows = WindowBuilder(config.window, attributes)
-        self.seq = SequenceCounter(config.state_dir / f"{config.edge_id}.seq")
-        self.quarantine = Quarantine(config.state_dir / "quarantine.jsonl")
+        self.slot = scorer if isinstance(scorer, ScorerSlot) else ScorerSlot(RunningModel(scorer))
+        self._clock = clock
+        if isinstance(sink, Outbox):
+            self.outbox: Outbox | None = sink
+            self.sink: Sink | None = None
+            self._next_seq: Callable[[], int] = sink.next_seq
+            self.checkpoint: WindowCheckpoint | None = WindowCheckpoint(sink.db, config.window)
+        else:
+            self.outbox, self.sink, self.checkpoint = None, sink, None
+            self._next_seq = SequenceCounter(config.state_dir / f"{config.edge_id}.seq").next
+        self.windows = WindowBuilder(config.window, attributes, journal=self.checkpoint)
+        self.quarantine = Quarantine(config.state_dir / "quarantine.jsonl", max_bytes=config.quarantine.max_bytes)
+        self.allowed_machines = self._allowed_machines()
         self.stats = AgentStats()
-        self._batch: list[Window] = []
-        self._batch_size = batch_size
+        self.latency = LatencyRecorder()
+        self.batch_size = batch_size
+        self._max_future = config.input.max_future.total_seconds()
+        self._pending: list[tuple[Window, float]] = []
+        self._committing: list[float] = []
+        self._positions: dict[str, str] = {}
+        self._acks: list[tuple[str, Any]] = []
+        self._items_since_commit = 0
+        self._oldest_pending: float | None = None
+        self._last_prune = time.monotonic()
+        self._recent: deque[Window] = deque(maxlen=config.updates.self_test.windows)
+        self._recent_lock = threading.Lock()
+        self.on_acks: Callable[[list[tuple[str, Any]]], None] | None = None
+        """Called after each commit with the (source, ack) pairs it made safe (the daemon tells the sources)."""
+
+    def _allowed_machines(self) -> set[str] | None:
+        policy = self.config.machines
+        if not policy.allow and policy.file is None:
+            return None
+        allowed = set(policy.allow)
+        if policy.file is not None:
+            allowed |= set(read_machines(policy.file))
+        return allowed
+
+    # --- restart ------------------------------------------------------------------------------------------------
+
+    def restore(self) -> dict[str, str]:
+        """Rebuild the open windows from the journal; returns each source's saved position."""
+        if self.outbox is None or self.checkpoint is None:
+            return {}
+        marks, readings, events = self.checkpoint.load()
+        self.windows.restore(marks, readings, events)
+        if readings or marks:
+            log.info(
+                "restored %d open-window readings of %d machines",
+                len(readings),
+                len(marks),
+                extra={"readings": len(readings), "machines": len(marks)},
+            )
+        return read_positions(self.outbox.db)
+
+    # --- input --------------------------------------------------------------------------------------------------
 
     def run(self, items: Iterable[Item]) -> AgentStats:
-        """Consume a source to its end (or until interrupted), then flush everything that is pending."""
+        """Consume items to their end (or until interrupted), committing as it goes and once more at the end."""
         try:
             for item in items:
                 self.handle(item)
+                if self.commit_due():
+                    self.commit()
         finally:
-            self.flush()
+            self.commit()
         return self.stats
 
     def handle(self, item: Item) -> None:
-        if isinstance(item, RowError):
+        self._handle(item, time.monotonic())
+        self._items_since_commit += 1
+
+    def handle_batch(self, batch: SourceBatch) -> None:
+        """Handle a source's batch; its position and ack are committed with the next commit after it.
+
+        When enough windows complete inside one batch, they are committed before the batch ends (so a burst of
+        windows does not wait for the whole batch). Those commits leave the batch's position alone: after a crash the
+        batch is read again, and the readings and events already committed are dropped as repeats.
+        """
+        arrived = batch.arrived
+        limit = self._clock() + self._max_future
+        allowed = self.allowed_machines
+        tracked = self.windows.states
+        max_machines = self.config.machines.max
+        add = self.windows.add_reading
+        pending = self._pending
+        readings = 0
+        for item in batch.items:
+            if type(item) is Reading:
+                machine_id = item.machine_id
+                if (
+                    item.t > limit
+                    or (allowed is not None and machine_id not in allowed)
+                    or (machine_id not in tracked and len(tracked) >= max_machines)
+                ):
+                    self._reading(item, arrived)  # the slow path says why, and quarantines it
+                    continue
+                readings += 1
+                window = add(item)
+                if window is not None:
+                    pending.append((window, arrived))
+                    if len(pending) >= self.batch_size:
+                        self.stats.readings += readings
+                        readings = 0
+                        self.commit()
+            else:
+                self._handle(item, arrived)
+        self.stats.readings += readings
+        self.stats.windows = self.windows.emitted
+        self._items_since_commit += len(batch.items)
+        if self._oldest_pending is None and batch.items:
+            self._oldest_pending = arrived
+        if batch.position is not None:
+            self._positions[batch.source] = batch.position
+        if batch.ack is not None:
+            self._acks.append((batch.source, batch.ack))
+
+    @property
+    def uncommitted(self) -> bool:
+        """Whether anything was handled since the last commit."""
+        return bool(self._items_since_commit or self._pending or self._positions or self._acks)
+
+    def _handle(self, item: Item, arrived: float) -> None:
+        if type(item) is Reading:
+            self._reading(item, arrived)
+        elif isinstance(item, RowError):
             self._quarantine(f"{item.source}:{item.line}", item.raw, item.reason)
         elif isinstance(item, TelemetryReading):
-            self._reading(item)
+            self._reading(Reading.from_contract(item), arrived)
         elif isinstance(item, Event):
             self._event(item)
         else:
-            self._quarantine("unknown", repr(item)[:200], f"unexpected item type {type(item).__name__}")
+            self._quarantine("unknown", repr(item)[:200], f"unexpected item type {type(item).__name__}", "invalid")
 
-    def flush(self) -> None:
-        self._score_batch()
-        self.sink.flush()
-
-    def _quarantine(self, source: str, raw: str, reason: str) -> None:
+    def _quarantine(self, source: str, raw: str, reason: str, kind: str | None = None) -> None:
         self.stats.quarantined += 1
-        log.warning("quarantined %s: %s", source, reason)
-        self.quarantine.put(source, raw, reason)
+        kind = self.quarantine.put(source, raw, reason, kind)
+        log.warning("quarantined %s: %s", source, reason, extra={"source": source, "kind": kind})
 
-    def _too_far_ahead(self, at: datetime) -> bool:
-        return at > datetime.now(UTC) + FUTURE_TOLERANCE
+    def _refused(self, machine_id: str, t: float, raw: Callable[[], str]) -> bool:
+        """Quarantines (and returns True for) a record from an unknown machine or stamped too far ahead."""
+        if t > self._clock() + self._max_future:
+            stamp = datetime.fromtimestamp(t, UTC).isoformat()
+            limit = timedelta(seconds=self._max_future)
+            self._quarantine(
+                machine_id,
+                raw(),
+                f"timestamp is in the future: {stamp} is more than input.max_future={limit} ahead of this edge's clock",
+                "future",
+            )
+            return True
+        if self.allowed_machines is not None and machine_id not in self.allowed_machines:
+            self._quarantine(
+                machine_id, raw(), f"unknown machine {machine_id!r}: not in machines.allow/file", "unknown_machine"
+            )
+            return True
+        if machine_id not in self.windows and self.windows.machines >= self.config.machines.max:
+            self._quarantine(
+                machine_id,
+                raw(),
+                f"machine {machine_id!r} would be machine number {self.windows.machines + 1}, over machines.max",
+                "unknown_machine",
+            )
+            return True
+        return False
 
-    def _reading(self, reading: TelemetryReading) -> None:
-        if self._too_far_ahead(reading.timestamp):
-            self._quarantine(reading.machine_id, reading.model_dump_json(), "timestamp is in the future")
+    def _reading(self, reading: Reading, arrived: float) -> None:
+        if self._refused(reading.machine_id, reading.t, lambda: _describe_reading(reading)):
             return
         self.stats.readings += 1
         window = self.windows.add_reading(reading)
+        self.stats.windows = self.windows.emitted
         if window is not None:
-            self.stats.windows += 1
-            self._batch.append(window)
-            if len(self._batch) >= self._batch_size:
-                self._score_batch()
+            self._pending.append((window, arrived))
+        if self._oldest_pending is None:
+            self._oldest_pending = arrived
 
     def _event(self, event: Event) -> None:
-        if self._too_far_ahead(event.timestamp):
-            self._quarantine(event.machine_id, event.model_dump_json(), "timestamp is in the future")
+        if self._refused(event.machine_id, event.timestamp.timestamp(), event.model_dump_json):
             return
+        if not self.windows.add_event(event):
+            return  # a repeat (a redelivered message): its EdgeEvent was already committed
         self.stats.events += 1
-        self.windows.add_event(event)
         if self.config.publish_events:
-            self.sink.send(
+            self._send(
                 EdgeEvent(
                     edge_id=self.config.edge_id,
-                    seq=self.seq.next(),
+                    seq=self._next_seq(),
                     timestamp=event.timestamp,
                     machine_id=event.machine_id,
                     event=event.event,
                 )
             )
 
-    def _score_batch(self) -> None:
-        if not self._batch:
-            return
-        windows, self._batch = self._batch, []
-        for window, risk in zip(windows, self.scorer.score_many(windows), strict=True):
-            for prediction in self._predictions(window, risk):
-                self.sink.send(prediction)
-                self.stats.predictions += 1
+    def _send(self, message: Prediction | EdgeEvent | Heartbeat) -> None:
+        if self.outbox is not None:
+            self.outbox.stage(message)
+        else:
+            assert self.sink is not None
+            self.sink.send(message)
 
-    def _predictions(self, window: Window, risk: dict[str, float]) -> Iterator[Prediction]:
+    # --- commit -------------------------------------------------------------------------------------------------
+
+    def commit_due(self, now: float | None = None) -> bool:
+        """Whether enough is pending, or what was handled first waited long enough, to commit now."""
+        if len(self._pending) >= self.batch_size or self._items_since_commit >= self.config.outbox.max_commit_items:
+            return True
+        if self._oldest_pending is None:
+            return False
+        waited = (now if now is not None else time.monotonic()) - self._oldest_pending
+        return waited >= self.config.outbox.commit_interval.total_seconds()
+
+    def commit(self) -> list[tuple[str, Any]]:
+        """Score what is pending and make it durable; returns the acks the sources may now send (source, ack)."""
+        self._score_pending()
+        if self.outbox is not None and self.checkpoint is not None:
+            writers: list[Callable[[Any], None]] = [self.checkpoint.write]
+            if self._positions:
+                writers.append(position_writer(self._positions))
+            if time.monotonic() - self._last_prune >= PRUNE_EVERY_S:
+                writers.append(self.checkpoint.prune)
+                self._last_prune = time.monotonic()
+            try:
+                self.outbox.commit(writers)
+            except BaseException:
+                self.checkpoint.rolled_back()
+                raise
+            self.checkpoint.committed()
+        else:
+            assert self.sink is not None
+            self.sink.flush()
+        done = time.monotonic()
+        for arrived in self._committing:
+            self.latency.add(done - arrived)
+        self._committing = []
+        self._positions = {}
+        self._items_since_commit = 0
+        self._oldest_pending = None
+        self.stats.commits += 1
+        acks, self._acks = self._acks, []
+        if acks and self.on_acks is not None:
+            self.on_acks(acks)
+        return acks
+
+    def _score_pending(self) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        windows = [w for w, _ in pending]
+        while True:
+            running = self.slot.running
+            try:
+                risks = running.scorer.score_many(windows)
+                break
+            except Exception as err:  # a model that fails at run time: roll back rather than stop predicting
+                reason = f"{type(err).__name__}: {err}"
+                if self.slot.rollback(reason):
+                    continue
+                self.stats.scoring_errors += len(windows)
+                for w in windows:
+                    self._quarantine(
+                        w.machine_id, f"window ending {w.end.isoformat()}", f"scoring failed: {reason}", "scorer"
+                    )
+                return
+        scorer = running.scorer
+        for (window, arrived), risk in zip(pending, risks, strict=True):
+            prediction = self._prediction(scorer, window, risk)
+            if prediction is not None:
+                self._send(prediction)
+                self.stats.predictions += 1
+                self._committing.append(arrived)
+        with self._recent_lock:
+            self._recent.extend(windows)
+
+    def _prediction(self, scorer: Scorer, window: Window, risk: dict[str, float]) -> Prediction | None:
         bad = {k: v for k, v in risk.items() if not (isinstance(v, float | int) and math.isfinite(v) and 0 <= v <= 1)}
         if bad:
-            self._quarantine(window.machine_id, repr(risk), f"scorer {self.scorer.name} returned invalid risk {bad}")
-            return
+            self._quarantine(
+                window.machine_id, repr(risk), f"scorer {scorer.name} returned invalid risk {bad}", "scorer"
+            )
+            return None
         try:
-            yield validate(
+            return validate(
                 Prediction,
                 {
                     "edge_id": self.config.edge_id,
-                    "seq": self.seq.next(),
+                    "seq": self._next_seq(),
                     "machine_id": window.machine_id,
                     "window_start": window.start,
                     "window_end": window.end,
-                    "horizon_h": self.scorer.horizon_h,
+                    "horizon_h": scorer.horizon_h,
                     "risk": {k: float(v) for k, v in risk.items()},
-                    "model_name": self.scorer.name,
-                    "model_version": self.scorer.version,
+                    "model_name": scorer.name,
+                    "model_version": scorer.version,
                 },
             )
         except ContractError as err:
-            self._quarantine(window.machine_id, repr(risk), str(err))
+            self._quarantine(window.machine_id, repr(risk), str(err), "scorer")
+            return None
+
+    def recent_windows(self) -> list[Window]:
+        """The latest windows scored (for a new model's self-test); safe to call from another thread."""
+        with self._recent_lock:
+            return list(self._recent)
+
+    # --- heartbeat ----------------------------------------------------------------------------------------------
+
+    def heartbeat(self, *, health: Health, outbox_depth: int, lag_s: float) -> Heartbeat:
+        """Stage a heartbeat: the running model, the outbox depth and lag, health. Sent with the next commit."""
+        running = self.slot.running
+        message = Heartbeat(
+            edge_id=self.config.edge_id,
+            seq=self._next_seq(),
+            timestamp=datetime.fromtimestamp(self._clock(), UTC),
+            model_name=running.scorer.name,
+            model_version=running.scorer.version,
+            model_sha256=running.sha256,
+            outbox_depth=outbox_depth,
+            lag_s=max(0.0, lag_s),
+            health=health,
+            machines=self.windows.machines,
+        )
+        self._send(message)
+        self.stats.heartbeats += 1
+        return message
+
+    def close(self) -> None:
+        self.quarantine.close()
+
+
+def _describe_reading(reading: Reading) -> str:
+    values = {n: (None if v != v else v) for n, v in zip(reading.sensors, reading.values, strict=True)}
+    stamp = datetime.fromtimestamp(reading.t, UTC).isoformat()
+    return f'{{"timestamp": "{stamp}", "machine_id": "{reading.machine_id}", "values": {values}}}'
+
+
+def iter_items(batches: Iterable[SourceBatch]) -> Iterator[Item]:
+    """The items of batches, for callers that want a flat stream."""
+    for batch in batches:
+        yield from batch.items

@@ -31,7 +31,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SecretStr,
+    Tag,
+    ValidationError,
+    model_validator,
+)
 
 from contracts.durations import Duration
 from contracts.messages import Identifier
@@ -141,7 +151,20 @@ class SimulatorSource(_Strict):
     batch_rows: Annotated[int, Field(ge=1, le=100_000)] = 256
 
 
-Source = Annotated[ReplaySource | TailSource | MqttSource | SimulatorSource, Field(discriminator="type")]
+def _source_type(value: Any) -> str | None:
+    """The ``type`` of a source; one with ``telemetry`` files and no type is a replay (as in earlier configs)."""
+    if isinstance(value, dict):
+        return value.get("type", "replay" if "telemetry" in value else None)
+    return getattr(value, "type", None)
+
+
+Source = Annotated[
+    Annotated[ReplaySource, Tag("replay")]
+    | Annotated[TailSource, Tag("tail")]
+    | Annotated[MqttSource, Tag("mqtt")]
+    | Annotated[SimulatorSource, Tag("simulator")],
+    Discriminator(_source_type),
+]
 
 
 def source_name(spec: Source) -> str:

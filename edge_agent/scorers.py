@@ -1,18 +1,176 @@
-"""Choosing the scorer an agent runs, from its config."""
+"""Choosing the scorer an agent runs, and the slot that holds it: the running model and the one before it.
+
+The agent's thread reads :attr:`ScorerSlot.current` once per batch of windows; the updater thread replaces it with
+one assignment, so a batch is scored by one model from start to end, and a swap never blocks scoring.
+"""
 
 from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from edge_agent.config import ModelSpec
 from models.baselines import DriftZScore
 from models.scoring import Scorer
+from models.signing import load_public_keys
+
+log = logging.getLogger("precursor.edge.model")
+
+MANIFEST_FILE = "manifest.json"
+
+
+def load_trusted_keys(paths: Iterable[Path]) -> dict[str, Ed25519PublicKey]:
+    """key_id -> public key, from ``.pub`` files and folders of them."""
+    keys: dict[str, Ed25519PublicKey] = {}
+    for path in paths:
+        keys.update(load_public_keys(path))
+    return keys
+
+
+def artifact_sha256(artifact_dir: Path) -> str:
+    """The hash a release announces for an artifact: sha256 of its signed manifest's exact bytes."""
+    return hashlib.sha256((Path(artifact_dir) / MANIFEST_FILE).read_bytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class RunningModel:
+    """A scorer with where it came from: the artifact folder and the manifest hash (None for the baseline)."""
+
+    scorer: Scorer
+    artifact: Path | None = None
+    sha256: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.scorer.name} {self.scorer.version}"
+
+
+def load_lm(artifact: Path, spec: ModelSpec, trusted_keys: dict[str, Ed25519PublicKey]) -> RunningModel:
+    """The signed language model artifact, verified before it is loaded (see :meth:`models.runtime.LMScorer.load`)."""
+    from models.runtime import LMScorer  # onnxruntime is only needed when the LM runs
+
+    scorer = LMScorer.load(artifact, trusted_keys, intra_op_num_threads=spec.threads, max_batch_size=spec.max_batch)
+    return RunningModel(scorer, Path(artifact), artifact_sha256(artifact))
 
 
 def load_scorer(spec: ModelSpec) -> Scorer:
-    """The drift baseline, or the signed language model artifact (verified before it is loaded)."""
-    horizon_h = spec.horizon.total_seconds() / 3600
-    if spec.type == "drift-zscore":
-        return DriftZScore(horizon_h=horizon_h)
-    from models.runtime import LMScorer  # onnxruntime is only needed when the LM runs
+    """The drift baseline, or the signed language model artifact the config names."""
+    return load_configured(spec).scorer
 
+
+def load_configured(spec: ModelSpec) -> RunningModel:
+    if spec.type == "drift-zscore":
+        return RunningModel(DriftZScore(horizon_h=spec.horizon.total_seconds() / 3600))
     assert spec.artifact is not None
-    return LMScorer.load(spec.artifact, trusted_keys=spec.trusted_keys, threads=spec.threads)
+    return load_lm(spec.artifact, spec, load_trusted_keys(spec.trusted_keys))
+
+
+class ScorerSlot:
+    """The running model, the previous one (for rollback), and a record of both in ``state_dir/models/current.json``
+    so a restart runs what was running."""
+
+    def __init__(self, running: RunningModel, state_file: Path | None = None) -> None:
+        self.running = running
+        self.previous: RunningModel | None = None
+        self.state_file = state_file
+        self._lock = threading.Lock()
+        self.swaps = 0
+        self.rollbacks = 0
+
+    @property
+    def current(self) -> Scorer:
+        return self.running.scorer
+
+    def swap(self, new: RunningModel) -> RunningModel:
+        """Run ``new`` from now on; returns the model it replaced (kept as :attr:`previous`)."""
+        with self._lock:
+            old, self.running = self.running, new
+            self.previous = old
+            self.swaps += 1
+            self._save()
+        log.info(
+            "model swapped: now %s (was %s)",
+            new.label,
+            old.label,
+            extra={
+                "model_version": new.scorer.version,
+                "model_sha256": new.sha256,
+                "previous_version": old.scorer.version,
+            },
+        )
+        return old
+
+    def rollback(self, reason: str) -> bool:
+        """Back to the previous model; False if there is none."""
+        with self._lock:
+            if self.previous is None:
+                return False
+            failed, self.running, self.previous = self.running, self.previous, None
+            self.rollbacks += 1
+            self._save()
+        log.error(
+            "model %s rolled back to %s: %s",
+            failed.label,
+            self.running.label,
+            reason,
+            extra={"model_version": self.running.scorer.version, "failed_version": failed.scorer.version},
+        )
+        return True
+
+    def _save(self) -> None:
+        if self.state_file is None:
+            return
+        record = {
+            "current": _describe(self.running),
+            "previous": None if self.previous is None else _describe(self.previous),
+        }
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(prefix=".current-", dir=self.state_file.parent)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(record, fh, indent=1)
+        os.replace(temp, self.state_file)
+
+
+def _describe(model: RunningModel) -> dict[str, str | None]:
+    return {
+        "name": model.scorer.name,
+        "version": model.scorer.version,
+        "artifact": None if model.artifact is None else str(model.artifact),
+        "sha256": model.sha256,
+    }
+
+
+def load_running(spec: ModelSpec, state_file: Path) -> tuple[RunningModel, RunningModel | None]:
+    """What ran before the restart (an updated model, verified again), else what the config names.
+
+    Returns (running, previous); the previous is loaded too, so a rollback needs no disk or network.
+    """
+    configured: RunningModel | None = None
+    if state_file.is_file() and spec.trusted_keys:
+        keys = load_trusted_keys(spec.trusted_keys)
+        record = json.loads(state_file.read_text())
+        loaded: list[RunningModel | None] = []
+        for which in ("current", "previous"):
+            entry = record.get(which)
+            if not entry or not entry.get("artifact"):
+                loaded.append(None)
+                continue
+            try:
+                loaded.append(load_lm(Path(entry["artifact"]), spec, keys))
+            except Exception as err:  # any failure (bad signature, broken file, ONNX error) means "do not run it"
+                log.error("cannot load the %s model %s: %s", which, entry["artifact"], err)
+                loaded.append(None)
+        current, previous = loaded
+        if current is not None:
+            return current, previous
+    configured = load_configured(spec)
+    return configured, None

@@ -1,26 +1,151 @@
-"""Where telemetry comes from. Every source is an iterator of readings, events and unreadable rows.
+"""Where telemetry comes from: file replay, file tail, MQTT and the simulator, behind one small interface.
 
-Sources never raise on a bad row: they yield a :class:`contracts.formats.RowError`, which the agent quarantines.
+A source hands the agent :class:`SourceBatch` es: readings, events and unreadable records (never an exception for a bad
+record: a :class:`~contracts.formats.RowError` the agent quarantines), with the source's *position* after the batch.
+The agent commits the position in the same transaction as everything the batch led to, then calls
+:meth:`TelemetrySource.acknowledge` with the batch's ``ack``: that is where a source tells its upstream (an MQTT
+broker) that the data is safe. On restart the agent passes the saved position back to :meth:`TelemetrySource.batches`.
 """
 
 from __future__ import annotations
 
+import csv
+import itertools
+import json
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import Protocol
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
-from contracts.formats import RowError, iter_events, iter_telemetry, read_machines
+from contracts.formats import RowError, read_machines
 from contracts.messages import Event, TelemetryReading
-from edge_agent.config import ReplaySource, SimulatorSource, Source
+from edge_agent.config import (
+    InputSpec,
+    MqttSource,
+    ReplaySource,
+    SimulatorSource,
+    Source,
+    TailSource,
+    source_name,
+)
+from edge_agent.records import Reading, Record, RecordParser
 
-Item = TelemetryReading | Event | RowError
+Item = Reading | TelemetryReading | Event | RowError
+
+
+@dataclass(slots=True)
+class SourceBatch:
+    """Items read together. ``position`` (JSON text) is saved with their effects; ``ack`` goes back to the source."""
+
+    source: str
+    items: list[Item]
+    position: str | None = None
+    ack: Any = None
+    arrived: float = field(default_factory=time.monotonic)
 
 
 class TelemetrySource(Protocol):
+    name: str
+
     def attributes(self) -> dict[str, dict[str, str]]: ...
 
-    def __iter__(self) -> Iterator[Item]: ...
+    def batches(self, position: str | None, stop: threading.Event) -> Iterator[SourceBatch]:
+        """Batches from ``position`` (None: from the start) until the source ends or ``stop`` is set."""
+        ...
+
+    def acknowledge(self, ack: Any) -> None:
+        """Everything up to the batch that carried ``ack`` is committed."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def csv_fields(line: str) -> list[str]:
+    """The fields of one CSV line; quoted fields take the csv module's slower path."""
+    if '"' not in line:
+        return line.split(",")
+    return next(csv.reader([line]), [])
+
+
+def read_records(path: Path, parser: RecordParser) -> Iterator[Record]:
+    """Every record of a CSV, JSONL or Parquet file, in file order."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq  # only where Parquet is used: the edge install may not have pyarrow
+
+        line = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+            for row in batch.to_pylist():
+                line += 1
+                record = parser.json_record(row, line, "", nan_is_missing=True)
+                if isinstance(record, RowError):  # the raw text is only worth making for a bad row
+                    record = RowError(record.source, line, json.dumps(row, default=str)[:4096], record.reason)
+                yield record
+        return
+    with path.open(encoding="utf-8", errors="replace", newline="") as fh:
+        if suffix in (".jsonl", ".ndjson", ".json"):
+            for line, text in enumerate(fh, start=1):
+                if text.strip():
+                    yield from parser.json_line(text, line)
+            return
+        header = fh.readline()
+        if not header.strip():
+            return
+        layout = parser.csv_layout(csv_fields(header.rstrip("\r\n")))
+        for line, text in enumerate(fh, start=2):
+            text = text.rstrip("\r\n")
+            if text:
+                yield parser.csv_row(layout, csv_fields(text), line, text)
+
+
+class _Pace:
+    """How long to wait so event time advances ``speedup`` times faster than wall time; 0 means no pacing."""
+
+    def __init__(self, speedup: float) -> None:
+        self.speedup = speedup
+        self._origin: tuple[float, float] | None = None
+
+    def delay(self, event_time: float) -> float:
+        if self.speedup <= 0 or self.speedup == float("inf"):
+            return 0.0
+        if self._origin is None:
+            self._origin = (event_time, time.monotonic())
+            return 0.0
+        return self._origin[1] + (event_time - self._origin[0]) / self.speedup - time.monotonic()
+
+
+def _batched(
+    name: str, items: Iterator[Item], size: int, speedup: float, stop: threading.Event, position_of: Any
+) -> Iterator[SourceBatch]:
+    """Group items into batches; a paced source hands over what it has before it sleeps."""
+    pace = _Pace(speedup)
+    batch: list[Item] = []
+    started = time.monotonic()
+    for item in items:
+        if stop.is_set():
+            return
+        if isinstance(item, Reading | TelemetryReading) and pace.speedup:
+            wait = pace.delay(item.t if isinstance(item, Reading) else item.timestamp.timestamp())
+            while wait > 0:
+                if batch:
+                    yield SourceBatch(name, batch, position_of(), arrived=started)
+                    batch = []
+                else:
+                    yield SourceBatch(name, [])  # nothing new yet: the agent may commit and send heartbeats
+                if stop.wait(min(wait, 0.2)):
+                    return
+                wait = pace.delay(item.t if isinstance(item, Reading) else item.timestamp.timestamp())
+        if not batch:
+            started = time.monotonic()
+        batch.append(item)
+        if len(batch) >= size:
+            yield SourceBatch(name, batch, position_of(), arrived=started)
+            batch = []
+    if batch:
+        yield SourceBatch(name, batch, position_of(), arrived=started)
 
 
 class FileReplay:
@@ -29,43 +154,78 @@ class FileReplay:
     Events are interleaved per machine: before a machine's reading at time t, every event of that machine up to t is
     yielded, so the windows see the same context they would have seen live, whatever order the file has across
     machines. Events after a machine's last reading (a failure after the telemetry ends, say) come at the end.
+    The position is the number of items replayed, so a restart skips what was already committed.
     """
 
-    def __init__(self, spec: ReplaySource) -> None:
+    def __init__(self, spec: ReplaySource, limits: InputSpec | None = None) -> None:
         self.spec = spec
+        self.name = source_name(spec)
+        self.limits = limits or InputSpec()
+        self._done = 0
 
     def attributes(self) -> dict[str, dict[str, str]]:
         return read_machines(self.spec.machines) if self.spec.machines else {}
 
+    def _parser(self, path: Path) -> RecordParser:
+        return RecordParser(
+            str(path), max_sensors=self.limits.max_sensors, max_record_bytes=self.limits.max_record_bytes
+        )
+
     def __iter__(self) -> Iterator[Item]:
         pending: dict[str, list[Event]] = defaultdict(list)
         if self.spec.events is not None:
-            for item in iter_events(self.spec.events):
-                if isinstance(item, RowError):
-                    yield item
+            for record in read_records(self.spec.events, self._parser(self.spec.events)):
+                if isinstance(record, Event):
+                    pending[record.machine_id].append(record)
+                elif isinstance(record, Reading):
+                    yield RowError(str(self.spec.events), 0, repr(record)[:200], "an events file row without an event")
                 else:
-                    pending[item.machine_id].append(item)
+                    yield record
         for events in pending.values():
             events.sort(key=lambda e: e.timestamp, reverse=True)  # pop() from the end = oldest first
-        pace = _Pace(self.spec.speedup)
-        for item in iter_telemetry(self.spec.telemetry):
-            if isinstance(item, TelemetryReading):
-                queue = pending.get(item.machine_id)
-                while queue and queue[-1].timestamp <= item.timestamp:
+        for record in read_records(self.spec.telemetry, self._parser(self.spec.telemetry)):
+            if isinstance(record, Reading):
+                queue = pending.get(record.machine_id)
+                while queue and queue[-1].timestamp.timestamp() <= record.t:
                     yield queue.pop()
-                pace.wait_until(item.timestamp.timestamp())
-            yield item
+            yield record
         leftovers = sorted((e for q in pending.values() for e in q), key=lambda e: (e.timestamp, e.machine_id))
         yield from leftovers
 
+    def batches(self, position: str | None, stop: threading.Event) -> Iterator[SourceBatch]:
+        skip = int(json.loads(position)["items"]) if position else 0
+        self._done = skip
+
+        def counted() -> Iterator[Item]:
+            for item in itertools.islice(iter(self), skip, None):
+                self._done += 1
+                yield item
+
+        yield from _batched(
+            self.name,
+            counted(),
+            self.spec.batch_rows,
+            self.spec.speedup,
+            stop,
+            lambda: json.dumps({"items": self._done}),
+        )
+
+    def acknowledge(self, ack: Any) -> None:
+        """The position is in the outbox's database: nothing to tell anyone."""
+
+    def close(self) -> None:
+        pass
+
 
 class SimulatedFleet:
-    """The built-in simulator, streaming live at an accelerated clock."""
+    """The built-in simulator, streaming live at an accelerated clock. The position is the last simulated instant
+    and how many items of that instant were taken, so a restart continues the same deterministic stream."""
 
     def __init__(self, spec: SimulatorSource) -> None:
-        from simulator.fleet import FleetConfig
+        from simulator.config import FleetConfig
 
         self.spec = spec
+        self.name = source_name(spec)
         self._config = FleetConfig(
             machines=spec.machines,
             duration=spec.duration,
@@ -73,38 +233,64 @@ class SimulatedFleet:
             seed=spec.seed,
             **({"failure_kinds": tuple(spec.kinds)} if spec.kinds else {}),
         )
+        self._at: tuple[int, int] | None = None
 
     def attributes(self) -> dict[str, dict[str, str]]:
         from simulator.fleet import machine_attributes
 
         return machine_attributes(self._config)
 
+    def _items(self, position: str | None) -> Iterator[Item]:
+        from simulator.stream import stream_fleet
+
+        start_at, skip = None, 0
+        if position:
+            saved = json.loads(position)
+            start_at, skip = int(saved["t"]), int(saved["n"])
+            self._at = (start_at, skip)
+        try:
+            stream = stream_fleet(self._config, speedup=0, start_at=None if start_at is None else float(start_at))
+        except ValueError:
+            return  # the saved instant is past the simulated span: the run had ended
+        for item in stream:
+            t = int(item.timestamp.timestamp())
+            if start_at is not None and t == start_at and skip:
+                skip -= 1
+                continue
+            count = self._at[1] + 1 if self._at is not None and self._at[0] == t else 1
+            self._at = (t, count)
+            yield Reading.from_contract(item) if isinstance(item, TelemetryReading) else item
+
+    def batches(self, position: str | None, stop: threading.Event) -> Iterator[SourceBatch]:
+        yield from _batched(
+            self.name,
+            self._items(position),
+            self.spec.batch_rows,
+            self.spec.speedup,
+            stop,
+            lambda: None if self._at is None else json.dumps({"t": self._at[0], "n": self._at[1]}),
+        )
+
     def __iter__(self) -> Iterator[Item]:
-        from simulator.fleet import stream_fleet
+        return self._items(None)
 
-        yield from stream_fleet(self._config, speedup=self.spec.speedup or float("inf"))
+    def acknowledge(self, ack: Any) -> None:
+        pass
 
-
-class _Pace:
-    """Sleeps so that event time advances ``speedup`` times faster than wall time; 0 means no pacing."""
-
-    def __init__(self, speedup: float) -> None:
-        self.speedup = speedup
-        self._origin: tuple[float, float] | None = None
-
-    def wait_until(self, event_time: float) -> None:
-        if self.speedup <= 0:
-            return
-        if self._origin is None:
-            self._origin = (event_time, time.monotonic())
-            return
-        due = self._origin[1] + (event_time - self._origin[0]) / self.speedup
-        delay = due - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
+    def close(self) -> None:
+        pass
 
 
-def open_source(spec: Source) -> TelemetrySource:
+def open_source(spec: Source, *, edge_id: str, limits: InputSpec | None = None) -> TelemetrySource:
+    limits = limits or InputSpec()
     if isinstance(spec, ReplaySource):
-        return FileReplay(spec)
+        return FileReplay(spec, limits)
+    if isinstance(spec, TailSource):
+        from edge_agent.tail import FileTail
+
+        return FileTail(spec, limits)
+    if isinstance(spec, MqttSource):
+        from edge_agent.mqtt import MqttSubscription
+
+        return MqttSubscription(spec, edge_id=edge_id, limits=limits)
     return SimulatedFleet(spec)

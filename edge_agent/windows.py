@@ -72,10 +72,16 @@ class WindowBuilder:
         self._machines: dict[str, _MachineState] = {}
         self.late_dropped = 0
         self.repeats_dropped = 0
+        self.emitted = 0
 
     @property
     def machines(self) -> int:
         return len(self._machines)
+
+    @property
+    def states(self) -> Mapping[str, object]:
+        """The machines the builder holds state for (read-only use: membership and count)."""
+        return self._machines
 
     def __contains__(self, machine_id: object) -> bool:
         return machine_id in self._machines
@@ -108,29 +114,37 @@ class WindowBuilder:
 
     def add_reading(self, reading: Reading | TelemetryReading) -> Window | None:
         """Adds one reading; returns the window that this reading completed, if any."""
-        if not isinstance(reading, Reading):
-            reading = Reading.from_contract(reading)
+        if type(reading) is not Reading:
+            reading = Reading.from_contract(reading)  # type: ignore[arg-type]
         machine_id, t = reading.machine_id, reading.t
         state = self._machines.get(machine_id)
         if state is None:
             state = self._machines[machine_id] = _MachineState()
-        if state.emitted_until is not None and t < state.emitted_until:
-            self.late_dropped += 1
-            return None
         times = state.times
-        i = bisect.bisect_left(times, t)
-        if i < len(times) and times[i] == t:
-            self.repeats_dropped += 1
-            return None
         window = None
-        if times:
-            boundary = int(t // self._every) * self._every
-            if boundary > times[-1] and (state.emitted_until is None or boundary > state.emitted_until):
-                window = self._emit(machine_id, state, boundary)
-                i = bisect.bisect_left(times, t)
-        times.insert(i, t)
-        state.rows.insert(i, reading.values)
-        state.layouts.insert(i, reading.sensors)
+        if not times or t > times[-1]:
+            # In order (the usual case): append, after emitting the window this reading completes, if any.
+            if state.emitted_until is not None and t < state.emitted_until:
+                self.late_dropped += 1
+                return None
+            if times:
+                boundary = int(t // self._every) * self._every
+                if boundary > times[-1] and (state.emitted_until is None or boundary > state.emitted_until):
+                    window = self._emit(machine_id, state, boundary)
+            times.append(t)
+            state.rows.append(reading.values)
+            state.layouts.append(reading.sensors)
+        else:
+            if state.emitted_until is not None and t < state.emitted_until:
+                self.late_dropped += 1
+                return None
+            i = bisect.bisect_left(times, t)
+            if times[i] == t:
+                self.repeats_dropped += 1
+                return None
+            times.insert(i, t)
+            state.rows.insert(i, reading.values)
+            state.layouts.insert(i, reading.sensors)
         if self.journal is not None:
             self.journal.accepted(reading)
         return window
@@ -169,6 +183,7 @@ class WindowBuilder:
         self._forget_old_events(state, boundary)
         if len(window_times) < self.spec.min_points:
             return None
+        self.emitted += 1
         first = layouts[0]
         if all(layout is first or layout == first for layout in layouts):
             sensors = first

@@ -141,6 +141,7 @@ class GradientBoostingBaseline:
     name: str = "gradient-boosting"
     version: str = "1"
     _model: Any = None
+    _columns: np.ndarray | None = None
 
     def fit(self, windows: Sequence[Window], failed: Sequence[bool]) -> None:
         from sklearn.ensemble import HistGradientBoostingClassifier  # cloud only: the edge install has no sklearn
@@ -157,7 +158,10 @@ class GradientBoostingBaseline:
             early_stopping=False,
             random_state=self.seed,
         )
-        model.fit(feature_matrix(windows, self.spec), labels)
+        features = feature_matrix(windows, self.spec)
+        # A feature never defined in training (no maintenance, no errors seen) cannot be split on: leave it out.
+        self._columns = np.flatnonzero(np.isfinite(features).any(axis=0))
+        model.fit(features[:, self._columns], labels)
         self._model = model
 
     def score(self, window: Window) -> Risk:
@@ -168,5 +172,5 @@ class GradientBoostingBaseline:
             raise RuntimeError("GradientBoostingBaseline is not fitted: call fit(windows, failed) first")
         if not windows:
             return []
-        p = self._model.predict_proba(feature_matrix(windows, self.spec))[:, 1]
+        p = self._model.predict_proba(feature_matrix(windows, self.spec)[:, self._columns])[:, 1]
         return [{ANY_FAILURE: float(v)} for v in p]

@@ -1,69 +1,958 @@
-"""The questions people ask of the store, without SQL. Each returns plain rows (dicts) for any front end."""
+"""The questions people ask of the store, without SQL. Each returns plain rows (dicts) for any front end.
+
+Open a :class:`StoreReader` with :func:`reading` and ask it as many questions as a page needs over one read-only
+connection; the module-level :func:`at_risk`, :func:`machine_history` and :func:`counts_per_edge` are one-shot
+conveniences. Tables that a store may not have yet (alerts, heartbeats, telemetry summaries, model metrics) read as
+empty, so a young store answers every question.
+
+Time ranges are written as people write them: a duration back from now (``6h``, ``7d``), ``now``, or a time.
+
+>>> from datetime import UTC, datetime
+>>> now = datetime(2026, 3, 1, 12, tzinfo=UTC)
+>>> parse_time_bound("6h", now=now).isoformat()
+'2026-03-01T06:00:00+00:00'
+>>> parse_time_bound("2026-02-01", now=now).isoformat()
+'2026-02-01T00:00:00+00:00'
+>>> parse_time_bound("last tuesday", now=now, name="since")
+Traceback (most recent call last):
+...
+ValueError: since='last tuesday' is neither a duration back from now (30m, 6h, 7d) nor a time (2026-01-01T00:00Z)
+>>> check_read_only_sql("DELETE FROM predictions")
+Traceback (most recent call last):
+...
+store.queries.SqlRejected: only a single SELECT (or WITH ... SELECT) statement may run here; got DELETE
+"""
 
 from __future__ import annotations
 
 import json
-from datetime import datetime
+import math
+import re
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from datetime import time as time_of_day
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from uuid import UUID, uuid4
 
-from store.db import connect
+import duckdb
+
+from contracts.durations import parse_duration
+from contracts.formats import parse_timestamp
+from store.db import StoreBusy, connect
+
+DEFAULT_THRESHOLD = 0.7
+"""Risk at or above which a machine counts as at risk: the pipelines' default alert raise threshold."""
+
+ELEVATED_LOOKBACK = timedelta(days=7)
+"""How far back "at risk since" looks for the start of a machine's current run of risky windows."""
+
+MAX_SQL_CHARS = 20_000
+MAX_SQL_ROWS = 10_000
 
 
-def _rows(path: str | Path, sql: str, params: list[Any]) -> list[dict[str, Any]]:
-    with connect(path, read_only=True) as con:
-        cur = con.execute(sql, params)
+class SqlRejected(ValueError):
+    """Raw SQL that may not run here: not a single read-only statement, invalid, or over a limit."""
+
+
+# -- time ranges ------------------------------------------------------------------------------------------------
+
+
+def parse_time_bound(text: str, *, now: datetime | None = None, name: str = "time") -> datetime:
+    """``6h`` (that long before ``now``), ``now``, or a time (ISO 8601, a date, or epoch seconds), as UTC."""
+    now = now or datetime.now(UTC)
+    value = text.strip()
+    if value.lower() == "now":
+        return now
+    try:
+        return now - parse_duration(value)
+    except ValueError:
+        pass
+    try:
+        return parse_timestamp(value)
+    except (ValueError, OverflowError, OSError):
+        pass
+    raise ValueError(
+        f"{name}={text!r} is neither a duration back from now (30m, 6h, 7d) nor a time (2026-01-01T00:00Z)"
+    )
+
+
+def check_range(since: datetime | None, until: datetime | None) -> None:
+    """Refuse a range that ends before it starts."""
+    if since is not None and until is not None and since > until:
+        raise ValueError(f"since={since.isoformat()} is after until={until.isoformat()}: the range is empty")
+
+
+# -- plain values -----------------------------------------------------------------------------------------------
+
+
+def plain(value: Any) -> Any:
+    """A value from DuckDB as something JSON can carry (times stay datetimes; the front ends format them)."""
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).hex()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, date | time_of_day) and not isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def _risk(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of rows, and how many rows match in all."""
+
+    rows: list[dict[str, Any]]
+    total: int
+    limit: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class SqlResult:
+    columns: list[str]
+    types: list[str]
+    rows: list[list[Any]]
+    truncated: bool
+    elapsed_ms: float
+
+
+@dataclass
+class _Where:
+    """A WHERE clause built from optional filters, with its parameters in order."""
+
+    clauses: list[str] = field(default_factory=list)
+    params: list[Any] = field(default_factory=list)
+
+    def add(self, clause: str, *params: Any) -> None:
+        self.clauses.append(clause)
+        self.params.extend(params)
+
+    def maybe(self, clause: str, value: Any) -> None:
+        if value is not None:
+            self.add(clause, value)
+
+    @property
+    def sql(self) -> str:
+        return ("WHERE " + " AND ".join(self.clauses)) if self.clauses else ""
+
+
+_LATEST_FROM_PREDICTIONS = """
+    SELECT * FROM predictions
+    QUALIFY row_number() OVER (PARTITION BY machine_id ORDER BY window_end DESC, seq DESC) = 1
+"""
+
+
+def _horizon(table: str) -> str:
+    """A prediction's horizon as an INTERVAL."""
+    return f"to_microseconds(CAST({table}.horizon_h * 3600e6 AS BIGINT))"
+
+
+class StoreReader:
+    """Answers over one open read-only connection. Build it with :func:`reading`."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+        self._tables: set[str] | None = None
+        self._latest_kept: bool | None = None
+
+    # -- plumbing --------------------------------------------------------------------------------------------
+
+    def has_table(self, name: str) -> bool:
+        if self._tables is None:
+            found = self.con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()")
+            self._tables = {r[0] for r in found.fetchall()}
+        return name in self._tables
+
+    def _has_rows(self, table: str) -> bool:
+        return self.has_table(table) and self.con.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() is not None
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        cur = self.con.execute(sql, list(params))
         names = [d[0] for d in cur.description]
-        out = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-    for row in out:
-        if isinstance(row.get("risk"), str):
-            row["risk"] = json.loads(row["risk"])
-    return out
+        out = []
+        for values in cur.fetchall():
+            row = {n: plain(v) for n, v in zip(names, values, strict=True)}
+            if "risk" in row and isinstance(row["risk"], str):
+                row["risk"] = _risk(row["risk"])
+            out.append(row)
+        return out
+
+    @property
+    def _latest(self) -> str:
+        """Each machine's newest prediction: the kept table when the writer keeps it, else derived (slower)."""
+        if self._latest_kept is None:
+            self._latest_kept = self._has_rows("latest_predictions")
+        return "latest_predictions" if self._latest_kept else f"({_LATEST_FROM_PREDICTIONS})"
+
+    # -- machines ----------------------------------------------------------------------------------------------
+
+    def machine_exists(self, machine_id: str) -> bool:
+        """Whether the store has any prediction or event of this machine."""
+        if self._latest_kept is not False and self._has_rows("latest_predictions"):
+            found = self.con.execute("SELECT 1 FROM latest_predictions WHERE machine_id = ?", [machine_id]).fetchone()
+            if found:
+                return True
+        for table in ("predictions", "events"):
+            if self.con.execute(f"SELECT 1 FROM {table} WHERE machine_id = ? LIMIT 1", [machine_id]).fetchone():
+                return True
+        return False
+
+    def at_risk(
+        self,
+        *,
+        limit: int = 10,
+        offset: int = 0,
+        since: datetime | None = None,
+        min_risk: float | None = None,
+        edge_id: str | None = None,
+        model_version: str | None = None,
+        kind: str | None = None,
+        threshold: float = DEFAULT_THRESHOLD,
+    ) -> Page:
+        """Each machine's latest prediction, riskiest first: what is at risk now, why (risk per kind), and since
+        when (``elevated_since``: the start of its current run of windows at or above ``threshold``, looked for up
+        to :data:`ELEVATED_LOOKBACK` back) and any alert still raised."""
+        where = _Where()
+        where.maybe("window_end >= ?", since)
+        where.maybe("max_risk >= ?", min_risk)
+        where.maybe("edge_id = ?", edge_id)
+        where.maybe("model_version = ?", model_version)
+        where.maybe("top_kind = ?", kind)
+        rows = self.rows(
+            f"""
+            SELECT machine_id, max_risk, top_kind, risk, window_start, window_end, horizon_h,
+                   model_name, model_version, edge_id, seq, count(*) OVER () AS total
+            FROM {self._latest} AS latest
+            {where.sql}
+            ORDER BY max_risk DESC, machine_id
+            LIMIT ? OFFSET ?
+            """,
+            [*where.params, limit, offset],
+        )
+        if rows:
+            total = int(rows[0]["total"])
+        else:
+            found = self.con.execute(f"SELECT count(*) FROM {self._latest} AS latest {where.sql}", where.params)
+            total = int(found.fetchone()[0])  # type: ignore[index]
+        for row in rows:
+            del row["total"]
+        self._add_elevated_since(rows, threshold)
+        self._add_open_alerts(rows)
+        return Page(rows, total, limit, offset)
+
+    def _add_elevated_since(self, rows: list[dict[str, Any]], threshold: float) -> None:
+        risky = [r for r in rows if r["max_risk"] >= threshold]
+        for row in rows:
+            row["elevated_since"] = None
+        if not risky:
+            return
+        # One bound for the whole page keeps the scan to the newest row groups (the table is in arrival order).
+        start = min(r["window_end"] for r in risky) - ELEVATED_LOOKBACK
+        found = self.con.execute(
+            """
+            WITH recent AS (
+                SELECT machine_id, window_end, max_risk FROM predictions
+                WHERE window_end >= ? AND machine_id IN (SELECT unnest(?::VARCHAR[]))
+            ),
+            calm AS (SELECT machine_id, max(window_end) AS last_calm FROM recent WHERE max_risk < ? GROUP BY machine_id)
+            SELECT r.machine_id, min(r.window_end)
+            FROM recent r LEFT JOIN calm c USING (machine_id)
+            WHERE r.max_risk >= ? AND (c.last_calm IS NULL OR r.window_end > c.last_calm)
+            GROUP BY r.machine_id
+            """,
+            [start, [r["machine_id"] for r in risky], threshold, threshold],
+        ).fetchall()
+        since = dict(found)
+        for row in risky:
+            row["elevated_since"] = since.get(row["machine_id"])
+
+    def _add_open_alerts(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            row["open_alerts"] = []
+        if not rows or not self.has_table("alerts"):
+            return
+        found = self.rows(
+            """
+            SELECT machine_id, kind, ts AS raised_at, risk FROM alerts
+            WHERE machine_id IN (SELECT unnest(?::VARCHAR[]))
+            QUALIFY row_number() OVER (PARTITION BY machine_id, kind ORDER BY ts DESC, state = 'cleared' DESC) = 1
+                AND state = 'raised'
+            ORDER BY raised_at
+            """,
+            [[r["machine_id"] for r in rows]],
+        )
+        by_machine: dict[str, list[dict[str, Any]]] = {}
+        for alert in found:
+            machine = alert.pop("machine_id")
+            by_machine.setdefault(machine, []).append(alert)
+        for row in rows:
+            row["open_alerts"] = by_machine.get(row["machine_id"], [])
+
+    def fleet_summary(self, threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
+        """Machines, how many are at risk, edges, open alerts, and the newest window: the dashboard's header."""
+        latest = self.con.execute(
+            f"""
+            SELECT count(*), count(*) FILTER (WHERE max_risk >= ?), count(DISTINCT edge_id), max(window_end),
+                   count(DISTINCT model_version)
+            FROM {self._latest} AS latest
+            """,
+            [threshold],
+        ).fetchone()
+        machines, at_risk, edges, newest, versions = latest if latest else (0, 0, 0, None, 0)
+        open_alerts = 0
+        if self.has_table("alerts"):
+            row = self.con.execute(
+                """
+                SELECT count(*) FROM (
+                    SELECT state FROM alerts
+                    QUALIFY row_number() OVER (PARTITION BY machine_id, kind ORDER BY ts DESC,
+                                               state = 'cleared' DESC) = 1
+                ) WHERE state = 'raised'
+                """
+            ).fetchone()
+            open_alerts = int(row[0]) if row else 0
+        return {
+            "machines": int(machines),
+            "at_risk": int(at_risk),
+            "threshold": threshold,
+            "edges": int(edges),
+            "model_versions": int(versions),
+            "open_alerts": open_alerts,
+            "newest_window_end": newest,
+        }
+
+    def machine_summary(self, machine_id: str) -> dict[str, Any] | None:
+        """What the store knows of one machine, or ``None`` if it knows nothing."""
+        counts = self.rows(
+            """
+            SELECT count(*) AS predictions, min(window_end) AS first_window_end, max(window_end) AS last_window_end,
+                   list(DISTINCT edge_id ORDER BY edge_id) AS edges,
+                   list(DISTINCT model_version ORDER BY model_version) AS model_versions
+            FROM predictions WHERE machine_id = ?
+            """,
+            [machine_id],
+        )[0]
+        events = self.rows(
+            "SELECT kind, count(*) AS n FROM events WHERE machine_id = ? GROUP BY kind ORDER BY kind", [machine_id]
+        )
+        if counts["predictions"] == 0 and not events:
+            return None
+        latest = self.rows(
+            """
+            SELECT machine_id, max_risk, top_kind, risk, window_start, window_end, horizon_h, model_name,
+                   model_version, edge_id, seq
+            FROM predictions WHERE machine_id = ? ORDER BY window_end DESC, seq DESC LIMIT 1
+            """,
+            [machine_id],
+        )
+        return {
+            "machine_id": machine_id,
+            **counts,
+            "events": {e["kind"]: int(e["n"]) for e in events},
+            "latest": latest[0] if latest else None,
+        }
+
+    def machine_history(
+        self,
+        machine_id: str,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> Page:
+        """One machine's predictions, newest first."""
+        where = _Where()
+        where.add("machine_id = ?", machine_id)
+        where.maybe("window_end >= ?", since)
+        where.maybe("window_end <= ?", until)
+        total_row = self.con.execute(f"SELECT count(*) FROM predictions {where.sql}", where.params).fetchone()
+        rows = self.rows(
+            f"""
+            SELECT window_start, window_end, max_risk, top_kind, risk, horizon_h, model_name, model_version,
+                   edge_id, seq
+            FROM predictions {where.sql}
+            ORDER BY window_end DESC, seq DESC
+            LIMIT ? OFFSET ?
+            """,
+            [*where.params, limit, offset],
+        )
+        return Page(rows, int(total_row[0]) if total_row else 0, limit, offset)
+
+    def risk_series(
+        self, machine_id: str, *, since: datetime | None = None, until: datetime | None = None, points: int = 500
+    ) -> list[dict[str, Any]]:
+        """Predicted risk over time, at most ``points`` points: the peak of each time bucket, so no spike is lost."""
+        where = _Where()
+        where.add("machine_id = ?", machine_id)
+        where.maybe("window_end >= ?", since)
+        where.maybe("window_end <= ?", until)
+        return self.rows(
+            f"""
+            WITH m AS (SELECT window_end, max_risk, top_kind FROM predictions {where.sql}),
+            span AS (SELECT min(epoch_us(window_end)) AS lo, max(epoch_us(window_end)) AS hi FROM m)
+            SELECT max(window_end) AS t, max(max_risk) AS risk, avg(max_risk) AS risk_mean,
+                   arg_max(top_kind, max_risk) AS top_kind, count(*) AS windows
+            FROM m, span
+            GROUP BY floor((epoch_us(window_end) - lo) * ? / greatest(hi - lo + 1, 1))
+            ORDER BY t
+            """,
+            [*where.params, points],
+        )
+
+    def machine_events(
+        self,
+        machine_id: str | None = None,
+        *,
+        kinds: Sequence[str] | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> Page:
+        """Events (failures, maintenance, error codes, anomalies), newest first."""
+        where = _Where()
+        where.maybe("machine_id = ?", machine_id)
+        where.maybe("ts >= ?", since)
+        where.maybe("ts <= ?", until)
+        if kinds:
+            where.add("kind IN (SELECT unnest(?::VARCHAR[]))", list(kinds))
+        return self._page(
+            f"SELECT machine_id, ts, event, kind, detail, edge_id, seq FROM events {where.sql}",
+            where.params,
+            "ts DESC, machine_id, seq DESC",
+            limit,
+            offset,
+        )
+
+    def failures(
+        self,
+        machine_id: str | None = None,
+        *,
+        threshold: float = DEFAULT_THRESHOLD,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> Page:
+        """Failures, newest first, each with how well it was foreseen: ``warned_at`` is the first window at or above
+        ``threshold`` whose horizon covered the failure (after any earlier failure), ``lead_time_h`` how long before
+        the failure that was, ``peak_risk`` the highest risk predicted for it."""
+        machine_filter = "AND machine_id = ?" if machine_id else ""
+        where = _Where()
+        where.maybe("failed_at >= ?", since)
+        where.maybe("failed_at <= ?", until)
+        # The previous failure is looked up before the time filter, so the first failure in range still knows it.
+        page = self._page(
+            f"""
+            SELECT * FROM (
+                SELECT machine_id, ts AS failed_at, coalesce(detail, 'failure') AS failure_kind, event,
+                       lag(ts) OVER (PARTITION BY machine_id ORDER BY ts) AS previous_failure_at
+                FROM events WHERE kind = 'failure' {machine_filter}
+            ) {where.sql}
+            """,
+            [*([machine_id] if machine_id else []), *where.params],
+            "failed_at DESC, machine_id",
+            limit,
+            offset,
+        )
+        if not page.rows:
+            return page
+        foreseen = self.con.execute(
+            f"""
+            WITH f AS (
+                SELECT unnest(?::VARCHAR[]) AS machine_id, unnest(?::TIMESTAMPTZ[]) AS failed_at,
+                       unnest(?::TIMESTAMPTZ[]) AS previous_at
+            ),
+            p AS (
+                SELECT machine_id, window_end, max_risk, model_version, {_horizon("predictions")} AS horizon
+                FROM predictions
+                WHERE machine_id IN (SELECT machine_id FROM f)
+                  AND window_end >= (SELECT min(failed_at) FROM f) - INTERVAL 366 DAY
+                  AND window_end < (SELECT max(failed_at) FROM f)
+            )
+            SELECT f.machine_id, f.failed_at,
+                   min(p.window_end) FILTER (WHERE p.max_risk >= ?) AS warned_at,
+                   max(p.max_risk) AS peak_risk, count(p.window_end) AS windows_before,
+                   arg_max(p.model_version, p.window_end) AS model_version
+            FROM f LEFT JOIN p ON p.machine_id = f.machine_id AND p.window_end < f.failed_at
+                AND p.window_end >= f.failed_at - p.horizon
+                AND (f.previous_at IS NULL OR p.window_end > f.previous_at)
+            GROUP BY ALL
+            """,
+            [
+                [r["machine_id"] for r in page.rows],
+                [r["failed_at"] for r in page.rows],
+                [r["previous_failure_at"] for r in page.rows],
+                threshold,
+            ],
+        ).fetchall()
+        by_key = {(m, t): rest for m, t, *rest in foreseen}
+        for row in page.rows:
+            warned, peak, windows, version = by_key.get((row["machine_id"], row["failed_at"]), (None, None, 0, None))
+            row["model_version"] = version
+            row["warned_at"] = warned
+            row["lead_time_h"] = (row["failed_at"] - warned).total_seconds() / 3600 if warned else None
+            row["peak_risk"] = peak
+            row["windows_before"] = int(windows)
+            row["caught"] = warned is not None
+            row["threshold"] = threshold
+        return page
+
+    def telemetry_series(
+        self,
+        machine_id: str,
+        *,
+        sensors: Sequence[str] | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        points: int = 300,
+    ) -> dict[str, list[dict[str, Any]]]:
+        """sensor -> summary points (mean, min, max) over time, at most ``points`` per sensor; empty where the
+        store holds no telemetry summaries (raw telemetry stays at the edge unless a site opts in)."""
+        if not self.has_table("telemetry_summaries"):
+            return {}
+        where = _Where()
+        where.add("machine_id = ?", machine_id)
+        where.maybe("window_end >= ?", since)
+        where.maybe("window_end <= ?", until)
+        if sensors:
+            where.add("sensor IN (SELECT unnest(?::VARCHAR[]))", list(sensors))
+        rows = self.rows(
+            f"""
+            WITH m AS (SELECT * FROM telemetry_summaries {where.sql}),
+            span AS (SELECT min(epoch_us(window_end)) AS lo, max(epoch_us(window_end)) AS hi FROM m)
+            SELECT sensor, max(window_end) AS t, avg(value_mean) AS mean, min(value_min) AS min,
+                   max(value_max) AS max, sum(samples) AS samples
+            FROM m, span
+            GROUP BY sensor, floor((epoch_us(window_end) - lo) * ? / greatest(hi - lo + 1, 1))
+            ORDER BY sensor, t
+            """,
+            [*where.params, points],
+        )
+        series: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            series.setdefault(row.pop("sensor"), []).append(row)
+        return series
+
+    # -- alerts ------------------------------------------------------------------------------------------------
+
+    def alerts(
+        self,
+        *,
+        machine_id: str | None = None,
+        state: str | None = None,
+        kind: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> Page:
+        """Alerts raised and cleared by the pipelines, newest first; an empty page where none are stored yet."""
+        if not self.has_table("alerts"):
+            return Page([], 0, limit, offset)
+        where = _Where()
+        where.maybe("machine_id = ?", machine_id)
+        where.maybe("state = ?", state)
+        where.maybe("kind = ?", kind)
+        where.maybe("ts >= ?", since)
+        where.maybe("ts <= ?", until)
+        return self._page(
+            f'SELECT machine_id, kind, state, ts AS "at", risk, model_version FROM alerts {where.sql}',
+            where.params,
+            '"at" DESC, machine_id, kind',
+            limit,
+            offset,
+        )
+
+    # -- models ------------------------------------------------------------------------------------------------
+
+    def model_versions(
+        self, *, edge_id: str | None = None, since: datetime | None = None, until: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """Which model versions each edge ran: predictions, machines, and the first and last window of each."""
+        where = _Where()
+        where.maybe("edge_id = ?", edge_id)
+        where.maybe("window_end >= ?", since)
+        where.maybe("window_end <= ?", until)
+        return self.rows(
+            f"""
+            SELECT edge_id, model_name, model_version, count(*) AS predictions,
+                   count(DISTINCT machine_id) AS machines,
+                   min(window_end) AS first_window_end, max(window_end) AS last_window_end
+            FROM predictions {where.sql}
+            GROUP BY ALL
+            ORDER BY edge_id, first_window_end, model_version
+            """,
+            where.params,
+        )
+
+    def rollout(self) -> list[dict[str, Any]]:
+        """Per edge: the model its machines' latest predictions came from, what its newest heartbeat reports, and
+        whether it runs the fleet's newest version (``current``), some of it (``rolling``) or none (``behind``)."""
+        versions = self.rows(
+            f"""
+            SELECT edge_id, model_name, model_version, count(*) AS machines, max(window_end) AS last_window_end
+            FROM {self._latest} AS latest
+            GROUP BY ALL ORDER BY edge_id, model_version
+            """
+        )
+        beats: dict[str, dict[str, Any]] = {}
+        if self.has_table("heartbeats"):
+            for beat in self.rows(
+                """
+                SELECT edge_id, ts AS heartbeat_at, model_name, model_version, model_sha256, outbox_depth, lag_s,
+                       health, machines
+                FROM heartbeats QUALIFY row_number() OVER (PARTITION BY edge_id ORDER BY ts DESC, seq DESC) = 1
+                """
+            ):
+                beats[beat.pop("edge_id")] = beat
+        known = {v["model_version"] for v in versions} | {b["model_version"] for b in beats.values()}
+        newest = max(known, key=version_key) if known else None
+        edges: dict[str, dict[str, Any]] = {}
+        for v in versions:
+            edge = edges.setdefault(
+                v["edge_id"], {"edge_id": v["edge_id"], "machines": 0, "versions": [], "last_window_end": None}
+            )
+            edge["machines"] += int(v["machines"])
+            edge["versions"].append(
+                {"model_name": v["model_name"], "model_version": v["model_version"], "machines": int(v["machines"])}
+            )
+            last = edge["last_window_end"]
+            edge["last_window_end"] = v["last_window_end"] if last is None else max(last, v["last_window_end"])
+        for edge_id in beats:
+            edges.setdefault(edge_id, {"edge_id": edge_id, "machines": 0, "versions": [], "last_window_end": None})
+        out = []
+        for edge_id in sorted(edges):
+            edge = edges[edge_id]
+            beat = beats.get(edge_id)
+            on_newest = sum(v["machines"] for v in edge["versions"] if v["model_version"] == newest)
+            running = beat["model_version"] if beat else None
+            if edge["machines"] and on_newest == edge["machines"] and running in (None, newest):
+                status = "current"
+            elif on_newest or running == newest:
+                status = "rolling"
+            else:
+                status = "behind"
+            out.append(
+                {
+                    **edge,
+                    "running_version": running or _majority(edge["versions"]),
+                    "newest_version": newest,
+                    "on_newest": on_newest,
+                    "status": status,
+                    "heartbeat": beat,
+                }
+            )
+        return out
+
+    def quality(
+        self,
+        *,
+        bucket: timedelta = timedelta(days=1),
+        threshold: float = DEFAULT_THRESHOLD,
+        model_version: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[dict[str, Any]]:
+        """Precision and recall per model version over time. The monitoring pipeline's ``model_metrics`` where it has
+        written any; otherwise computed here: a window is a true failure if its machine failed within the horizon
+        after it, and predicted one if its risk is at or above ``threshold``. Windows whose horizon has not yet
+        passed (by the newest event or prediction stored) have no outcome yet and are left out."""
+        if self._has_rows("model_metrics"):
+            where = _Where()
+            where.maybe("model_version = ?", model_version)
+            where.maybe("window_end >= ?", since)
+            where.maybe("window_start <= ?", until)
+            return self.rows(
+                f"""
+                SELECT model_name, model_version, window_start AS bucket_start, window_end AS bucket_end,
+                       sum(examples) AS windows, sum(tp) AS tp, sum(fp) AS fp, sum(fn) AS fn, sum(tn) AS tn,
+                       sum(tp) / nullif(sum(tp) + sum(fp), 0) AS precision,
+                       sum(tp) / nullif(sum(tp) + sum(fn), 0) AS recall,
+                       sum(failures) AS failures, sum(failures_caught) AS failures_caught,
+                       avg(mean_lead_time_h) AS mean_lead_time_h, any_value(threshold) AS threshold,
+                       'model_metrics' AS source
+                FROM model_metrics {where.sql}
+                GROUP BY model_name, model_version, window_start, window_end
+                ORDER BY model_version, bucket_start
+                """,
+                where.params,
+            )
+        rows = self._computed_quality(bucket, threshold, model_version, since, until)
+        width = bucket.total_seconds()
+        stats: dict[tuple[str, datetime], list[dict[str, Any]]] = {}
+        for failure in self.failures(threshold=threshold, since=since, until=until, limit=1_000_000).rows:
+            if failure["model_version"] is None:
+                continue
+            for row in rows:
+                if row["model_version"] == failure["model_version"] and (
+                    row["bucket_start"] <= failure["failed_at"] < row["bucket_start"] + timedelta(seconds=width)
+                ):
+                    stats.setdefault((row["model_version"], row["bucket_start"]), []).append(failure)
+                    break
+        for row in rows:
+            seen = stats.get((row["model_version"], row["bucket_start"]), [])
+            leads = [f["lead_time_h"] for f in seen if f["lead_time_h"] is not None]
+            row["failures"] = len(seen)
+            row["failures_caught"] = len(leads)
+            row["mean_lead_time_h"] = sum(leads) / len(leads) if leads else None
+        return rows
+
+    def _computed_quality(
+        self,
+        bucket: timedelta,
+        threshold: float,
+        model_version: str | None,
+        since: datetime | None,
+        until: datetime | None,
+    ) -> list[dict[str, Any]]:
+        where = _Where()
+        where.maybe("p.model_version = ?", model_version)
+        where.maybe("p.window_end >= ?", since)
+        where.maybe("p.window_end <= ?", until)
+        where.add(f"p.window_end + {_horizon('p')} <= (SELECT newest FROM observed)")
+        width_us = int(bucket.total_seconds() * 1_000_000)
+        return self.rows(
+            f"""
+            WITH observed AS (
+                SELECT greatest((SELECT max(window_end) FROM predictions), (SELECT max(ts) FROM events)) AS newest
+            ),
+            f AS (SELECT machine_id, ts FROM events WHERE kind = 'failure'),
+            p AS (
+                SELECT p.machine_id, p.window_end, p.max_risk, p.model_name, p.model_version, {_horizon("p")} AS horizon
+                FROM predictions p {where.sql}
+            ),
+            labelled AS (
+                SELECT p.*, EXISTS (
+                    SELECT 1 FROM f WHERE f.machine_id = p.machine_id AND f.ts > p.window_end
+                                      AND f.ts <= p.window_end + p.horizon
+                ) AS failed
+                FROM p
+            )
+            SELECT model_name, model_version,
+                   time_bucket(to_microseconds(?::BIGINT), window_end) AS bucket_start,
+                   time_bucket(to_microseconds(?::BIGINT), window_end) + to_microseconds(?::BIGINT) AS bucket_end,
+                   count(*) AS windows,
+                   count(*) FILTER (WHERE failed AND max_risk >= ?) AS tp,
+                   count(*) FILTER (WHERE NOT failed AND max_risk >= ?) AS fp,
+                   count(*) FILTER (WHERE failed AND max_risk < ?) AS fn,
+                   count(*) FILTER (WHERE NOT failed AND max_risk < ?) AS tn,
+                   tp / nullif(tp + fp, 0) AS precision,
+                   tp / nullif(tp + fn, 0) AS recall,
+                   NULL::BIGINT AS failures, NULL::BIGINT AS failures_caught, NULL::DOUBLE AS mean_lead_time_h,
+                   ?::DOUBLE AS threshold, 'computed' AS source
+            FROM labelled
+            GROUP BY ALL
+            ORDER BY model_version, bucket_start
+            """,
+            [*where.params, width_us, width_us, width_us, threshold, threshold, threshold, threshold, threshold],
+        )
+
+    def counts_per_edge(self) -> list[dict[str, Any]]:
+        """How many predictions each edge sent, over how many machines, and when it was last heard of."""
+        return self.rows(
+            """
+            SELECT edge_id, count(*) AS predictions, count(DISTINCT machine_id) AS machines,
+                   max(window_end) AS latest_window_end, max(seq) AS max_seq
+            FROM predictions
+            GROUP BY edge_id
+            ORDER BY edge_id
+            """
+        )
+
+    # -- raw SQL -----------------------------------------------------------------------------------------------
+
+    def sql(self, text: str, *, limit: int = 1000, timeout_s: float = 5.0) -> SqlResult:
+        """Run one read-only statement; at most ``limit`` rows come back, and it is stopped after ``timeout_s``."""
+        check_read_only_sql(text)
+        if not 1 <= limit <= MAX_SQL_ROWS:
+            raise SqlRejected(f"limit={limit} must be between 1 and {MAX_SQL_ROWS}")
+        timer = threading.Timer(timeout_s, self.con.interrupt)
+        started = datetime.now(UTC)
+        timer.start()
+        try:
+            cur = self.con.execute(text)
+            fetched = cur.fetchmany(limit + 1)
+        except duckdb.InterruptException:
+            raise SqlRejected(f"the query ran longer than the {timeout_s:g} s limit and was stopped") from None
+        except (duckdb.IOException, duckdb.ConnectionException, duckdb.FatalException):
+            raise  # the store itself is in trouble, not the statement
+        except duckdb.Error as err:
+            # Parser, binder, catalog, conversion, out-of-range, permission (files, network) and the like: all say
+            # what is wrong with the statement, so the caller gets DuckDB's own first line.
+            raise SqlRejected(_first_line(err)) from None
+        finally:
+            timer.cancel()
+        elapsed = (datetime.now(UTC) - started).total_seconds() * 1000
+        description = cur.description or []
+        return SqlResult(
+            columns=[d[0] for d in description],
+            types=[str(d[1]) for d in description],
+            rows=[[plain(v) for v in row] for row in fetched[:limit]],
+            truncated=len(fetched) > limit,
+            elapsed_ms=elapsed,
+        )
+
+    # -- helpers -----------------------------------------------------------------------------------------------
+
+    def _page(
+        self,
+        sql: str,
+        params: Sequence[Any],
+        order: str,
+        limit: int,
+        offset: int,
+    ) -> Page:
+        rows = self.rows(
+            f"SELECT *, count(*) OVER () AS total FROM ({sql}) ORDER BY {order} LIMIT ? OFFSET ?",
+            [*params, limit, offset],
+        )
+        if rows:
+            total = int(rows[0]["total"])
+        else:
+            found = self.con.execute(f"SELECT count(*) FROM ({sql})", list(params)).fetchone()
+            total = int(found[0]) if found else 0
+        for row in rows:
+            row.pop("total", None)
+        return Page(rows, total, limit, offset)
+
+
+_STATEMENT_NAME = re.compile(r"^StatementType\.")
+
+
+def check_read_only_sql(text: str) -> None:
+    """Refuse anything but one SELECT (``WITH``, ``VALUES``, ``DESCRIBE`` and ``SHOW`` are SELECTs to DuckDB)."""
+    if not text or not text.strip():
+        raise SqlRejected("the SQL statement is empty")
+    if len(text) > MAX_SQL_CHARS:
+        raise SqlRejected(f"the SQL statement is {len(text)} characters; at most {MAX_SQL_CHARS} may run")
+    try:
+        statements = duckdb.extract_statements(text)
+    except duckdb.Error as err:
+        raise SqlRejected(f"the SQL does not parse: {_first_line(err)}") from None
+    if len(statements) != 1:
+        raise SqlRejected(f"only a single statement may run; got {len(statements)}")
+    kind = statements[0].type
+    if kind != duckdb.StatementType.SELECT:
+        raise SqlRejected(
+            "only a single SELECT (or WITH ... SELECT) statement may run here; got "
+            + _STATEMENT_NAME.sub("", str(kind))
+        )
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def _majority(versions: list[dict[str, Any]]) -> str | None:
+    return max(versions, key=lambda v: v["machines"])["model_version"] if versions else None
+
+
+def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
+    """Natural order for version strings, so ``0.10.0`` is newer than ``0.9.2``.
+
+    >>> sorted(["0.10.0", "0.9.2", "1.0.0-rc1", "0.9.10"], key=version_key)
+    ['0.9.2', '0.9.10', '0.10.0', '1.0.0-rc1']
+    """
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.findall(r"\d+|[A-Za-z]+", version))
+
+
+@contextmanager
+def reading(path: str | Path, *, wait_s: float = 10.0) -> Iterator[StoreReader]:
+    """A read-only view of the store for the length of a ``with`` block (so writers are never shut out for long).
+
+    The connection cannot reach files, the network or extensions: raw SQL sees the store's tables and nothing else.
+    """
+    with connect(path, read_only=True, wait_s=wait_s) as con:
+        con.execute("SET enable_external_access = false")
+        yield StoreReader(con)
+
+
+class StoreAttacher:
+    """Read-only views for a long-running reader (the HTTP API) that asks many small questions.
+
+    Starting a DuckDB instance costs tens of milliseconds, more than the questions themselves; so one in-memory
+    instance lives as long as the reader, and each :meth:`reading` attaches the store file read-only and detaches it
+    afterwards. Like a connection per request, that holds the file (and shuts the pipeline's writer out) only while a
+    question is being answered. Not for raw SQL: this instance can reach files; use :func:`reading` for that.
+    """
+
+    def __init__(self, path: str | Path, *, wait_s: float = 10.0) -> None:
+        self.path = Path(path)
+        self.wait_s = wait_s
+        self._base = duckdb.connect(":memory:", config={"autoinstall_known_extensions": False})
+        self._base.execute("SET GLOBAL TimeZone = 'UTC'")
+
+    @contextmanager
+    def reading(self) -> Iterator[StoreReader]:
+        if not self.path.exists():
+            raise FileNotFoundError(f"no prediction store at {self.path}: run `precursor pipeline run` first")
+        alias = f"store_{uuid4().hex[:16]}"
+        cursor = self._base.cursor()
+        try:
+            self._attach(cursor, alias)
+            try:
+                cursor.execute(f"USE {alias}")
+                yield StoreReader(cursor)
+            finally:
+                cursor.execute("USE memory")
+                cursor.execute(f"DETACH {alias}")
+        finally:
+            cursor.close()
+
+    def _attach(self, cursor: duckdb.DuckDBPyConnection, alias: str) -> None:
+        quoted = str(self.path).replace("'", "''")
+        deadline = time.monotonic() + self.wait_s
+        delay = 0.01
+        while True:
+            try:
+                cursor.execute(f"ATTACH '{quoted}' AS {alias} (READ_ONLY)")
+                return
+            except duckdb.IOException as err:
+                if "lock" not in str(err).lower() or time.monotonic() > deadline:
+                    raise StoreBusy(f"prediction store {self.path} is busy: {_first_line(err)}") from err
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+
+    def close(self) -> None:
+        self._base.close()
 
 
 def at_risk(path: str | Path, *, limit: int = 10, since: datetime | None = None) -> list[dict[str, Any]]:
     """Each machine's latest prediction (by window end), riskiest first."""
-    return _rows(
-        path,
-        """
-        SELECT machine_id, max_risk, top_kind, risk, window_end, model_name, model_version, edge_id
-        FROM predictions
-        WHERE window_end >= coalesce(?::TIMESTAMPTZ, '-infinity'::TIMESTAMPTZ)
-        QUALIFY row_number() OVER (PARTITION BY machine_id ORDER BY window_end DESC, seq DESC) = 1
-        ORDER BY max_risk DESC, machine_id
-        LIMIT ?
-        """,
-        [since, limit],
-    )
+    with reading(path) as store:
+        return store.at_risk(limit=limit, since=since).rows
 
 
 def machine_history(
     path: str | Path, machine_id: str, *, limit: int = 100, since: datetime | None = None
 ) -> list[dict[str, Any]]:
     """One machine's predictions, newest first."""
-    return _rows(
-        path,
-        """
-        SELECT window_start, window_end, max_risk, top_kind, risk, model_name, model_version, edge_id, seq
-        FROM predictions
-        WHERE machine_id = ? AND window_end >= coalesce(?::TIMESTAMPTZ, '-infinity'::TIMESTAMPTZ)
-        ORDER BY window_end DESC, seq DESC
-        LIMIT ?
-        """,
-        [machine_id, since, limit],
-    )
+    with reading(path) as store:
+        return store.machine_history(machine_id, limit=limit, since=since).rows
 
 
 def counts_per_edge(path: str | Path) -> list[dict[str, Any]]:
     """How many predictions each edge sent, over how many machines, and when it was last heard of."""
-    return _rows(
-        path,
-        """
-        SELECT edge_id, count(*) AS predictions, count(DISTINCT machine_id) AS machines,
-               max(window_end) AS latest_window_end, max(seq) AS max_seq
-        FROM predictions
-        GROUP BY edge_id
-        ORDER BY edge_id
-        """,
-        [],
-    )
+    with reading(path) as store:
+        return store.counts_per_edge()

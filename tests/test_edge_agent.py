@@ -100,3 +100,50 @@ def test_config_errors_name_the_bad_key(tmp_path: Path) -> None:
         EdgeConfig.load(tmp_path / "missing.yaml")
     with pytest.raises(ConfigError, match=r"model: .*needs `artifact`"):
         EdgeConfig.from_dict({"edge_id": "e", "sources": [{"telemetry": "t.csv"}], "model": {"type": "lm"}})
+
+
+class BrokenScorer:
+    name, version, horizon_h = "broken", "9", 24.0
+
+    def score(self, window: object) -> dict[str, float]:
+        raise RuntimeError("session lost")
+
+    def score_many(self, windows: list[object]) -> list[dict[str, float]]:
+        raise RuntimeError("session lost")
+
+
+def test_a_model_failing_at_run_time_is_rolled_back_and_the_previous_one_scores(tmp_path: Path) -> None:
+    from edge_agent.scorers import RunningModel, ScorerSlot
+
+    write_fleet(tmp_path)
+    cfg = config(tmp_path)
+    slot = ScorerSlot(RunningModel(load_scorer(cfg.model)))
+    slot.swap(RunningModel(BrokenScorer()))  # an update that verified and self-tested, then broke
+    sink = ListSink()
+    EdgeAgent(cfg, slot, sink).run(FileReplay(cfg.sources[0]))
+    predictions = [m for m in sink.messages if isinstance(m, Prediction)]
+    assert len(predictions) == 14 and {p.model_name for p in predictions} == {"drift-zscore"}
+    assert slot.rollbacks == 1 and slot.running.scorer.name == "drift-zscore"
+
+
+def test_without_a_model_to_roll_back_to_the_windows_are_quarantined_and_the_agent_goes_on(tmp_path: Path) -> None:
+    write_fleet(tmp_path)
+    cfg = config(tmp_path)
+    agent = EdgeAgent(cfg, BrokenScorer(), ListSink())
+    stats = agent.run(FileReplay(cfg.sources[0]))
+    assert stats.predictions == 0 and stats.scoring_errors == 14
+    assert agent.quarantine.counts["scorer"] == 14
+    assert "scoring failed: RuntimeError: session lost" in (tmp_path / "state" / "quarantine.jsonl").read_text()
+
+
+def test_unknown_machines_and_machines_past_the_limit_are_quarantined(tmp_path: Path) -> None:
+    write_fleet(tmp_path)
+    allow = config(tmp_path, machines={"allow": ["m2"]})
+    agent = EdgeAgent(allow, load_scorer(allow.model), ListSink())
+    stats = agent.run(FileReplay(allow.sources[0]))
+    assert stats.readings == 24 and agent.quarantine.counts["unknown_machine"] == 24 + 2  # m1's readings and events
+    capped = config(tmp_path, machines={"max": 1}, state_dir="state2")
+    agent = EdgeAgent(capped, load_scorer(capped.model), ListSink())
+    stats = agent.run(FileReplay(capped.sources[0]))
+    assert agent.windows.machines == 1 and agent.quarantine.counts["unknown_machine"] > 0
+    assert "over machines.max" in (tmp_path / "state2" / "quarantine.jsonl").read_text()
