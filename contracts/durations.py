@@ -1,13 +1,15 @@
-"""Durations as people write them on a command line or in a config file: ``90s``, ``30m``, ``6h``, ``7d``, ``2w``.
+"""Durations as people write them on a command line or in a config file: ``20ms``, ``90s``, ``30m``, ``6h``, ``7d``.
 
 >>> parse_duration("6h")
 datetime.timedelta(seconds=21600)
 >>> parse_duration("1.5d").total_seconds() / 3600
 36.0
+>>> parse_duration("20ms").total_seconds()
+0.02
 >>> parse_duration("soon")
 Traceback (most recent call last):
 ...
-ValueError: duration 'soon' is not a number followed by s, m, h, d or w (e.g. 30m, 6h, 7d)
+ValueError: duration 'soon' is not a number followed by ms, s, m, h, d or w (e.g. 30m, 6h, 7d)
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, PlainSerializer
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|[smhdw])\s*$")
 
 
 def parse_duration(value: str | float | int | timedelta) -> timedelta:
@@ -30,7 +32,7 @@ def parse_duration(value: str | float | int | timedelta) -> timedelta:
         return timedelta(seconds=float(value))
     match = _PATTERN.match(str(value))
     if not match:
-        raise ValueError(f"duration {value!r} is not a number followed by s, m, h, d or w (e.g. 30m, 6h, 7d)")
+        raise ValueError(f"duration {value!r} is not a number followed by ms, s, m, h, d or w (e.g. 30m, 6h, 7d)")
     return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
 
 

@@ -14,9 +14,11 @@ from typing import Annotated
 import typer
 
 from infra.cli import kafka_app
+from models.keys_cli import keys_command
 from pipelines.cli import pipeline_app
 from precursor.common import fail
 from precursor.query_cli import query_app
+from precursor.serve_cli import serve_command
 from simulator.cli import simulate_command
 
 app = typer.Typer(
@@ -30,6 +32,8 @@ app.add_typer(edge_app, name="edge")
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(query_app, name="query")
 app.command("simulate")(simulate_command)
+app.command("keys")(keys_command)
+app.command("serve")(serve_command)
 
 
 @app.callback()
@@ -53,11 +57,10 @@ def edge_run(
     """Run an edge agent: read its sources, score every window, publish predictions and events to Kafka."""
     from edge_agent.config import ConfigError
     from edge_agent.daemon import run_agent
-    from edge_agent.publisher import BrokerUnreachable
 
     try:
         stats = run_agent(config)
-    except (ConfigError, BrokerUnreachable) as err:
+    except ConfigError as err:
         raise fail(str(err)) from None
     typer.echo(
         f"edge agent done: {stats.readings} readings, {stats.windows} windows, {stats.predictions} predictions, "

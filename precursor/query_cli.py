@@ -366,6 +366,9 @@ def query_rollout(store: StoreOption = None, fmt: FormatOption = OutputFormat.ta
 def query_quality(
     bucket: Annotated[str, typer.Option("--bucket", help="period per row: 6h, 1d, 7d")] = "1d",
     model_version: Annotated[str | None, typer.Option("--model-version")] = None,
+    kind: Annotated[
+        str, typer.Option("--kind", help="failure kind, where the monitoring pipeline wrote metrics; failure = any")
+    ] = "failure",
     threshold: ThresholdOption = None,
     since: SinceOption = None,
     until: UntilOption = None,
@@ -373,7 +376,7 @@ def query_quality(
     fmt: FormatOption = OutputFormat.table,
     as_json: JsonFlag = False,
 ) -> None:
-    """Precision and recall per model version over time."""
+    """Precision and recall per model version over time (the monitoring pipeline's metrics where it wrote any)."""
     from contracts.durations import parse_duration
     from store.queries import DEFAULT_THRESHOLD
 
@@ -389,6 +392,7 @@ def query_quality(
             bucket=width,
             threshold=DEFAULT_THRESHOLD if threshold is None else threshold,
             model_version=model_version,
+            kind=kind,
             since=start,
             until=end,
         ),

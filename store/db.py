@@ -202,7 +202,7 @@ def connect(path: str | Path, *, read_only: bool = False, wait_s: float = 10.0) 
             if "lock" not in str(err).lower() or time.monotonic() > deadline:
                 raise StoreBusy(f"prediction store {path} is busy: {err}") from err
             time.sleep(delay)
-            delay = min(delay * 2, 0.5)
+            delay = min(delay * 2, 0.1)
     try:
         con.execute("SET TimeZone = 'UTC'")
         if not read_only:
@@ -270,14 +270,7 @@ class PredictionStore:
             return 0
         names = [c.strip() for c in columns.split(",")]
         # Row-by-row executemany costs ~4 ms a row in DuckDB; one Arrow batch inserts thousands in milliseconds.
-        batch = pa.Table.from_pylist([dict(zip(names, row, strict=True)) for row in rows])
-        with connect(self.path) as con:
-            con.register("incoming", batch)
-            inserted = con.execute(
-                f"INSERT INTO {table} ({columns}) SELECT {columns} FROM incoming ON CONFLICT DO NOTHING"
-            ).fetchone()
-            con.unregister("incoming")
-        return int(inserted[0]) if inserted else 0
+        return self.insert_table(table, pa.Table.from_pylist([dict(zip(names, row, strict=True)) for row in rows]))
 
     def insert_table(self, table: str, batch: pa.Table, *, replace: bool = False) -> int:
         """Insert an Arrow table whose column names are ``table``'s; returns how many rows were written.

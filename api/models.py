@@ -1,0 +1,273 @@
+"""What the HTTP API answers: one pydantic model per shape, so the OpenAPI document describes every field."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+T = TypeVar("T")
+
+Risk = Annotated[float, Field(ge=0, le=1)]
+
+
+class Out(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Page(Out, Generic[T]):
+    """One page of results: ``items``, how many match in all, and the offset of the next page (null at the end)."""
+
+    items: list[T]
+    total: int
+    limit: int
+    offset: int
+    next_offset: int | None
+
+
+class OpenAlert(Out):
+    kind: str
+    raised_at: datetime
+    risk: float
+
+
+class AtRiskMachine(Out):
+    """A machine's latest prediction: how risky, why (risk per failure kind), since when."""
+
+    machine_id: str
+    max_risk: Risk
+    top_kind: str
+    risk: dict[str, float]
+    window_start: datetime
+    window_end: datetime
+    horizon_h: float
+    model_name: str
+    model_version: str
+    edge_id: str
+    seq: int
+    elevated_since: datetime | None = Field(
+        None, description="start of the current run of windows at or above the threshold (looked for up to 7 days)"
+    )
+    open_alerts: list[OpenAlert] = Field(default_factory=list)
+
+
+class FleetSummary(Out):
+    machines: int
+    at_risk: int
+    threshold: float
+    edges: int
+    model_versions: int
+    open_alerts: int
+    newest_window_end: datetime | None
+
+
+class LatestPrediction(Out):
+    machine_id: str
+    max_risk: float
+    top_kind: str
+    risk: dict[str, float]
+    window_start: datetime
+    window_end: datetime
+    horizon_h: float
+    model_name: str
+    model_version: str
+    edge_id: str
+    seq: int
+
+
+class MachineSummary(Out):
+    machine_id: str
+    predictions: int
+    first_window_end: datetime | None
+    last_window_end: datetime | None
+    edges: list[str] | None
+    model_versions: list[str] | None
+    events: dict[str, int]
+    latest: LatestPrediction | None
+
+
+class PredictionRow(Out):
+    window_start: datetime
+    window_end: datetime
+    max_risk: float
+    top_kind: str
+    risk: dict[str, float]
+    horizon_h: float
+    model_name: str
+    model_version: str
+    edge_id: str
+    seq: int
+
+
+class RiskPoint(Out):
+    """The peak risk of one time bucket (so no spike is lost when a long history is drawn in few points)."""
+
+    t: datetime
+    risk: float
+    risk_mean: float
+    top_kind: str
+    windows: int
+
+
+class EventRow(Out):
+    machine_id: str
+    ts: datetime
+    event: str
+    kind: str
+    detail: str | None
+    edge_id: str
+    seq: int
+
+
+class FailureRow(Out):
+    """A failure and how well it was foreseen."""
+
+    machine_id: str
+    failed_at: datetime
+    failure_kind: str
+    event: str
+    previous_failure_at: datetime | None
+    warned_at: datetime | None = Field(description="first window at or above the threshold that covered the failure")
+    lead_time_h: float | None = Field(description="hours from warned_at to the failure")
+    peak_risk: float | None
+    windows_before: int
+    caught: bool
+    threshold: float
+
+
+class SensorPoint(Out):
+    t: datetime
+    mean: float | None
+    min: float | None
+    max: float | None
+    samples: int
+
+
+class TelemetrySeries(Out):
+    machine_id: str
+    sensors: dict[str, list[SensorPoint]] = Field(
+        description="sensor -> summary points; empty where no telemetry summaries are stored (raw stays at the edge)"
+    )
+
+
+class MachineTimeline(Out):
+    """Everything a machine page draws, in one answer."""
+
+    summary: MachineSummary
+    risk: list[RiskPoint]
+    events: list[EventRow]
+    failures: list[FailureRow]
+    alerts: list[AlertRow]
+    telemetry: dict[str, list[SensorPoint]]
+    threshold: float
+
+
+class AlertRow(Out):
+    machine_id: str
+    kind: str
+    state: Literal["raised", "cleared"] | str
+    at: datetime
+    risk: float
+    model_version: str
+
+
+class ModelVersionUsage(Out):
+    edge_id: str
+    model_name: str
+    model_version: str
+    predictions: int
+    machines: int
+    first_window_end: datetime
+    last_window_end: datetime
+
+
+class VersionShare(Out):
+    model_name: str
+    model_version: str
+    machines: int
+
+
+class Heartbeat(Out):
+    heartbeat_at: datetime
+    model_name: str
+    model_version: str
+    model_sha256: str | None
+    outbox_depth: int
+    lag_s: float
+    health: str
+    machines: int
+
+
+class EdgeRollout(Out):
+    """Which model an edge runs, and whether that is the fleet's newest."""
+
+    edge_id: str
+    machines: int
+    versions: list[VersionShare]
+    last_window_end: datetime | None
+    running_version: str | None
+    newest_version: str | None
+    on_newest: int
+    status: Literal["current", "rolling", "behind"]
+    heartbeat: Heartbeat | None
+
+
+class QualityPoint(Out):
+    """Precision and recall of one model version over one period."""
+
+    model_name: str
+    model_version: str
+    bucket_start: datetime
+    bucket_end: datetime
+    windows: int
+    tp: int
+    fp: int
+    fn: int
+    tn: int
+    precision: float | None
+    recall: float | None
+    failures: int | None
+    failures_caught: int | None
+    mean_lead_time_h: float | None
+    threshold: float
+    source: Literal["model_metrics", "computed"]
+
+
+class EdgeCounts(Out):
+    edge_id: str
+    predictions: int
+    machines: int
+    latest_window_end: datetime | None
+    max_seq: int
+
+
+class SqlQuery(BaseModel):
+    """One read-only statement. Anything but a single SELECT (or WITH ... SELECT) is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sql: Annotated[str, Field(min_length=1, max_length=20_000, examples=["SELECT count(*) FROM predictions"])]
+    limit: Annotated[int, Field(ge=1, le=10_000)] = 1000
+
+
+class SqlAnswer(Out):
+    columns: list[str]
+    types: list[str]
+    rows: list[list[Any]]
+    truncated: bool = Field(description="true when the statement had more rows than the limit")
+    elapsed_ms: float
+
+
+class Health(Out):
+    status: Literal["ok"]
+    version: str
+
+
+class Problem(Out):
+    """An error: what was wrong, in words that name the field and value."""
+
+    detail: str
+
+
+MachineTimeline.model_rebuild()

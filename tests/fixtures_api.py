@@ -1,0 +1,293 @@
+"""A prediction store filled from the fleet simulator, for the query, API and dashboard tests.
+
+The simulator gives telemetry, events and the ground truth of every degradation. Predictions come from a scorer that
+reads that ground truth with noise (risk rises as a degradation runs towards its end, false alarms included), so the
+store has what a real fleet's has: machines at risk, failures that were foreseen with a lead time and some that were
+not, alerts with hysteresis, two edges of which one has rolled out a newer model, heartbeats and sensor summaries.
+Everything is derived from the seed; tests compare the API's answers with what these lists say, never with numbers
+written down by hand.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import uvicorn
+
+from contracts.messages import EdgeEvent, Event, Heartbeat, Prediction
+from simulator import FleetConfig, simulate_fleet
+from store import PredictionStore, connect
+from store.db import LATEST_PREDICTIONS_UPSERT, PREDICTION_COLUMNS, prediction_row
+from store.telemetry import insert_telemetry_summaries, summarize_telemetry
+
+TOKEN = "test-token-0123456789abcdef"
+EDGES = ("edge-a", "edge-b")
+OLD_VERSION, NEW_VERSION = "0.1.0", "0.2.0"
+RAISE_AT, CLEAR_BELOW = 0.7, 0.4
+
+
+@dataclass(frozen=True)
+class SimulatedStore:
+    path: Path
+    machines: list[str]
+    predictions: list[Prediction]
+    events: list[EdgeEvent]
+    alerts: list[dict]
+    heartbeats: list[Heartbeat]
+    edge_of: dict[str, str]
+    rollout_at: datetime
+    """When edge-a switched to the new model version (edge-b never does)."""
+
+    def latest(self) -> dict[str, Prediction]:
+        """Each machine's newest prediction by (window_end, seq)."""
+        out: dict[str, Prediction] = {}
+        for p in self.predictions:
+            best = out.get(p.machine_id)
+            if best is None or (p.window_end, p.seq) > (best.window_end, best.seq):
+                out[p.machine_id] = p
+        return out
+
+    def of(self, machine_id: str) -> list[Prediction]:
+        return [p for p in self.predictions if p.machine_id == machine_id]
+
+    def failures(self, machine_id: str | None = None) -> list[EdgeEvent]:
+        return [e for e in self.events if e.kind == "failure" and machine_id in (None, e.machine_id)]
+
+
+def _risks(data, machine_id: str, at: datetime, rng: np.random.Generator, kinds: tuple[str, ...]) -> dict[str, float]:
+    risk = {k: float(np.clip(0.03 + rng.normal(0, 0.03), 0.0, 0.25)) for k in kinds}
+    for d in data.degradations:
+        if d.machine_id != machine_id or d.onset > at or (d.end is not None and d.end <= at):
+            continue
+        progress = min(1.0, (at - d.onset).total_seconds() / 3600 / max(d.warning_h, 0.5))
+        risk[d.kind] = float(np.clip(0.08 + 0.9 * progress**1.2 + rng.normal(0, 0.04), 0.0, 1.0))
+    return {k: round(v, 4) for k, v in risk.items()}
+
+
+def simulated_fleet_messages(
+    *, machines: int = 10, days: float = 6.0, seed: int = 11, step: timedelta = timedelta(hours=1)
+) -> tuple[object, list[Prediction], list[EdgeEvent], datetime]:
+    """The simulator's run, and the predictions and events two edges would have sent about it."""
+    config = FleetConfig(machines=machines, duration=f"{days}d", interval="10m", seed=seed, mtbf="4d")
+    data = simulate_fleet(config)
+    rng = np.random.default_rng(seed)
+    kinds = tuple(config.failure_kinds)
+    machine_ids = list(config.machine_ids)
+    edge_of = {m: EDGES[i % 2] for i, m in enumerate(machine_ids)}
+    start = config.start
+    end = start + config.duration
+    rollout_at = start + (end - start) * 2 / 3
+    seq = dict.fromkeys(EDGES, 0)
+    # Readings per machine, to predict only where the machine was up (no readings while it is down for repair).
+    table = data.telemetry
+    stamps = {m: table.timestamps[rows] for m, rows in table.machines()}
+    items: list[tuple[datetime, int, object]] = [(e.timestamp, 0, e) for e in data.events]
+    t = start + timedelta(hours=6)
+    while t <= end:
+        items.extend((t, 1, (m, t)) for m in machine_ids)
+        t += step
+    items.sort(key=lambda item: (item[0], item[1]))
+    predictions: list[Prediction] = []
+    events: list[EdgeEvent] = []
+    for _, rank, item in items:
+        if rank == 0:
+            event: Event = item  # type: ignore[assignment]
+            edge = edge_of[event.machine_id]
+            seq[edge] += 1
+            events.append(
+                EdgeEvent(
+                    edge_id=edge,
+                    seq=seq[edge],
+                    timestamp=event.timestamp,
+                    machine_id=event.machine_id,
+                    event=event.event,
+                )
+            )
+            continue
+        machine_id, window_end = item  # type: ignore[misc]
+        ts = stamps[machine_id]
+        lo = int((window_end - step).timestamp())
+        if not np.any((ts > lo) & (ts <= int(window_end.timestamp()))):
+            continue
+        edge = edge_of[machine_id]
+        seq[edge] += 1
+        version = NEW_VERSION if edge == "edge-a" and window_end >= rollout_at else OLD_VERSION
+        predictions.append(
+            Prediction(
+                edge_id=edge,
+                seq=seq[edge],
+                machine_id=machine_id,
+                window_start=window_end - timedelta(hours=6),
+                window_end=window_end,
+                horizon_h=24,
+                risk=_risks(data, machine_id, window_end, rng, kinds),
+                model_name="precursor-lm",
+                model_version=version,
+                emitted_at=window_end + timedelta(seconds=5),
+            )
+        )
+    return data, predictions, events, rollout_at
+
+
+def hysteresis_alerts(predictions: list[Prediction]) -> list[dict]:
+    """Raise after two windows at or above RAISE_AT, clear after one below CLEAR_BELOW, per machine and kind."""
+    alerts: list[dict] = []
+    state: dict[tuple[str, str], tuple[bool, int]] = {}
+    for p in sorted(predictions, key=lambda p: (p.machine_id, p.window_end, p.seq)):
+        for kind, risk in p.risk.items():
+            raised, streak = state.get((p.machine_id, kind), (False, 0))
+            if not raised:
+                streak = streak + 1 if risk >= RAISE_AT else 0
+                if streak >= 2:
+                    raised, streak = True, 0
+                    alerts.append(_alert(p, kind, "raised", risk))
+            elif risk < CLEAR_BELOW:
+                raised, streak = False, 0
+                alerts.append(_alert(p, kind, "cleared", risk))
+            state[(p.machine_id, kind)] = (raised, streak)
+    return alerts
+
+
+def _alert(p: Prediction, kind: str, change: str, risk: float) -> dict:
+    return {
+        "machine_id": p.machine_id,
+        "kind": kind,
+        "state": change,
+        "ts": p.window_end,
+        "risk": risk,
+        "model_version": p.model_version,
+    }
+
+
+def heartbeats_for(predictions: list[Prediction], rollout_at: datetime) -> list[Heartbeat]:
+    """An hourly heartbeat per edge, reporting the version it runs and how many machines it serves."""
+    out: list[Heartbeat] = []
+    by_edge: dict[str, list[Prediction]] = {}
+    for p in predictions:
+        by_edge.setdefault(p.edge_id, []).append(p)
+    for edge, ps in sorted(by_edge.items()):
+        hours = sorted({p.window_end for p in ps})
+        machines = len({p.machine_id for p in ps})
+        for i, at in enumerate(hours):
+            version = NEW_VERSION if edge == "edge-a" and at >= rollout_at else OLD_VERSION
+            out.append(
+                Heartbeat(
+                    edge_id=edge,
+                    seq=1_000_000 + i,
+                    timestamp=at,
+                    model_name="precursor-lm",
+                    model_version=version,
+                    outbox_depth=i % 3,
+                    lag_s=0.5,
+                    health="ok" if edge == "edge-a" else "degraded",
+                    machines=machines,
+                )
+            )
+    return out
+
+
+def heartbeat_table(beats: list[Heartbeat]) -> pa.Table:
+    """Heartbeats as rows of the store's ``heartbeats`` table."""
+    now = datetime.now(UTC)
+    return pa.Table.from_pylist(
+        [
+            {
+                "edge_id": h.edge_id,
+                "seq": h.seq,
+                "ts": h.timestamp,
+                "model_name": h.model_name,
+                "model_version": h.model_version,
+                "model_sha256": h.model_sha256,
+                "outbox_depth": h.outbox_depth,
+                "lag_s": h.lag_s,
+                "health": h.health,
+                "machines": h.machines,
+                "ingested_at": now,
+            }
+            for h in beats
+        ]
+    )
+
+
+def keep_latest(path: Path, predictions: list[Prediction]) -> None:
+    """Fill ``latest_predictions`` the way the writer keeps it (the same statement, over the same batch)."""
+    names = [c.strip() for c in PREDICTION_COLUMNS.split(",")]
+    now = datetime.now(UTC)
+    batch = pa.Table.from_pylist([dict(zip(names, prediction_row(p, now), strict=True)) for p in predictions])
+    with connect(path) as con:
+        con.register("incoming", batch)
+        con.execute(LATEST_PREDICTIONS_UPSERT)
+        con.unregister("incoming")
+
+
+def fill_store(
+    path: Path,
+    *,
+    machines: int = 10,
+    days: float = 6.0,
+    seed: int = 11,
+    with_alerts: bool = True,
+    with_latest: bool = True,
+) -> SimulatedStore:
+    data, predictions, events, rollout_at = simulated_fleet_messages(machines=machines, days=days, seed=seed)
+    store = PredictionStore(path)
+    store.insert_predictions(predictions)
+    store.insert_events(events)
+    if with_latest:
+        keep_latest(path, predictions)  # a no-op where the insert already kept it
+    else:
+        with connect(path) as con:  # a store written before the table was kept
+            con.execute("DELETE FROM latest_predictions")
+    alerts = hysteresis_alerts(predictions) if with_alerts else []
+    if alerts:
+        now = datetime.now(UTC)
+        store.insert_table("alerts", pa.Table.from_pylist([a | {"stored_at": now} for a in alerts]))
+    beats = heartbeats_for(predictions, rollout_at)
+    store.insert_table("heartbeats", heartbeat_table(beats))
+    insert_telemetry_summaries(path, summarize_telemetry(data.telemetry, every=timedelta(hours=1)))
+    machine_ids = sorted({p.machine_id for p in predictions} | {e.machine_id for e in events})
+    return SimulatedStore(
+        path=path,
+        machines=machine_ids,
+        predictions=predictions,
+        events=events,
+        alerts=alerts,
+        heartbeats=beats,
+        edge_of={m: EDGES[i % 2] for i, m in enumerate(data.config.machine_ids)},
+        rollout_at=rollout_at,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def serving(app: object, *, port: int | None = None) -> Iterator[str]:
+    """Run an ASGI app with uvicorn in a thread of this process; yields its base URL."""
+    port = port or free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")  # type: ignore[arg-type]
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

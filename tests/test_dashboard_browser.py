@@ -1,0 +1,200 @@
+"""The dashboard in headless Chromium against a store filled by the simulator and the real broker: it shows the same
+machines at risk as the API, a new prediction arrives live, and screenshots are kept as test artifacts.
+
+Needs Debian's ``chromium`` and ``chromium-driver`` (installed by the setup script). Screenshots go to
+``$PRECURSOR_TEST_ARTIFACTS`` (default ``.state/test-artifacts``).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from kafka import KafkaProducer
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+
+from api.app import create_app
+from api.settings import ApiSettings
+from contracts.messages import Prediction, encode
+from contracts.settings import KafkaSettings
+from tests.conftest import REPO_ROOT
+from tests.fixtures_api import TOKEN, SimulatedStore, fill_store, serving
+
+pytestmark = pytest.mark.integration
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ARTIFACTS = Path(os.environ.get("PRECURSOR_TEST_ARTIFACTS", REPO_ROOT / ".state" / "test-artifacts"))
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
+    assert Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists(), (
+        "the browser test needs Debian's chromium and chromium-driver packages "
+        "(apt-get install chromium chromium-driver)"
+    )
+    options = Options()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        "--window-size=1440,1100",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> SimulatedStore:
+    return fill_store(tmp_path / "store.duckdb", machines=12, days=6, seed=5)
+
+
+def read(driver: webdriver.Chrome, selector: str, *attributes: str) -> list[list[str]]:
+    """Attributes of every element a selector matches, read in one step (the page re-renders as events arrive)."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(e => arguments[1].map(a => e.getAttribute(a)))",
+        selector,
+        list(attributes),
+    )
+
+
+def table_rows(driver: webdriver.Chrome) -> list[tuple[str, float]]:
+    return [(m, float(r)) for m, r in read(driver, "#fleet-table tbody tr", "data-machine", "data-risk")]
+
+
+def screenshot(driver: webdriver.Chrome, name: str) -> Path:
+    """The whole page, not just the window, as a PNG under the artifacts folder."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": 1440, "height": min(int(size["height"]) + 1, 4000), "deviceScaleFactor": 1, "mobile": False},
+    )
+    time.sleep(0.4)  # the charts redraw for the new viewport
+    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
+    driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    path = ARTIFACTS / name
+    path.write_bytes(base64.b64decode(shot["data"]))
+    assert path.stat().st_size > 10_000
+    return path
+
+
+def test_the_dashboard_matches_the_api_and_updates_live(
+    browser: webdriver.Chrome, sim: SimulatedStore, kafka_settings: KafkaSettings
+) -> None:
+    app = create_app(ApiSettings(tokens=TOKEN, store=sim.path, live_poll_ms=100), kafka_settings)
+    with serving(app) as base, httpx.Client(base_url=base, headers=AUTH, timeout=20) as api:
+        browser.get(f"{base}/dashboard/#token={TOKEN}")
+        wait_for("the fleet page", lambda: browser.execute_script("return document.body.dataset.ready") == "fleet")
+        assert "token=" not in browser.current_url  # taken out of the address bar at once
+        wait_for(
+            "the live tail",
+            lambda: browser.find_element(By.ID, "live-status").get_attribute("data-state") == "live",
+        )
+
+        # The machines shown, their order and their risk are the API's answer.
+        answer = api.get("/api/v1/machines/at-risk", params={"limit": 1000}).json()
+        shown = table_rows(browser)
+        assert shown == [(m["machine_id"], m["max_risk"]) for m in answer["items"]]
+        summary = api.get("/api/v1/fleet/summary").json()
+        at_risk_card = browser.find_element(By.CSS_SELECTOR, '[data-card="at-risk"] .value').text
+        assert int(at_risk_card) == summary["at_risk"] and summary["at_risk"] >= 1
+        tiles = read(browser, "#risk-map .tile", "data-machine", "class")
+        assert [m for m, _ in tiles] == [m for m, _ in shown]
+        assert "critical" in tiles[0][1] or "high" in tiles[0][1]
+
+        # A new prediction for the calmest machine arrives over Kafka and moves it to the top, live.
+        calmest, _ = shown[-1]
+        latest = sim.latest()[calmest]
+        fresh = Prediction(
+            edge_id=latest.edge_id,
+            seq=10_000_000,
+            machine_id=calmest,
+            window_start=latest.window_start + timedelta(hours=1),
+            window_end=latest.window_end + timedelta(hours=1),
+            horizon_h=24,
+            risk={"bearing": 0.97, "clog": 0.2},
+            model_name=latest.model_name,
+            model_version=latest.model_version,
+        )
+        producer = KafkaProducer(**kafka_settings.client_kwargs(), acks="all")
+        sent = time.monotonic()
+        producer.send(kafka_settings.topics.predictions, key=calmest.encode(), value=encode(fresh))
+        producer.flush()
+        producer.close()
+        expected = sorted(
+            [(m, r) for m, r in shown if m != calmest] + [(calmest, 0.97)], key=lambda mr: (-mr[1], mr[0])
+        )
+        wait_for("the new prediction, sorted into the table", lambda: table_rows(browser) == expected)
+        arrived_s = time.monotonic() - sent
+        feed = browser.execute_script(
+            "return [...document.querySelectorAll('#live-feed li')].map(li => li.textContent)"
+        )
+        assert feed and calmest in feed[0]
+        delays = browser.execute_script("return window.precursorLive.delaysMs")
+        assert len(delays) >= 1
+        screenshot(browser, "dashboard-fleet.png")
+        assert arrived_s < 10
+
+        # The machine page: risk with failures and lead times marked, sensor lines, the failures table.
+        machine = next(m for m in sim.machines if any(f.machine_id == m for f in sim.failures()))
+        browser.get(f"{base}/dashboard/#/machine/{machine}")
+        wait_for("the machine page", lambda: browser.execute_script("return document.body.dataset.ready") == "machine")
+        browser.find_element(By.XPATH, "//div[@class='ranges']/button[text()='All']").click()
+        wait_for(
+            "all of its history", lambda: browser.execute_script("return document.body.dataset.ready") == "machine"
+        )
+        failures = api.get(f"/api/v1/machines/{machine}/failures").json()["items"]
+        markers = browser.find_elements(By.CSS_SELECTOR, "#risk-chart [data-marker='failure']")
+        assert len(markers) == len(failures)
+        spans = browser.find_elements(By.CSS_SELECTOR, "#risk-chart [data-kind='span']")
+        assert len(spans) == sum(1 for f in failures if f["lead_time_h"] is not None)
+        assert len(browser.find_elements(By.CSS_SELECTOR, ".sensor svg")) == 7
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#failures-table tbody tr")) == len(failures)
+        screenshot(browser, "dashboard-machine.png")
+
+        # Model rollout per edge, as the API says.
+        browser.get(f"{base}/dashboard/#/models")
+        wait_for("the models page", lambda: browser.execute_script("return document.body.dataset.ready") == "models")
+        rollout = {e["edge_id"]: e["status"] for e in api.get("/api/v1/models/rollout").json()}
+        cards = read(browser, "#rollout [data-edge]", "data-edge", "data-status")
+        assert dict(cards) == rollout
+        screenshot(browser, "dashboard-models.png")
+        errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        assert errors == [], errors
