@@ -16,12 +16,13 @@ list, or a publisher) the agent sends directly and numbers messages with a :clas
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -43,9 +44,6 @@ from edge_agent.windows import WindowBuilder
 from models.scoring import Scorer, Window
 
 log = logging.getLogger("precursor.edge")
-
-PRUNE_EVERY_S = 10.0
-"""How often the window journal forgets rows no future window needs."""
 
 Health = Literal["ok", "degraded", "failing"]
 
@@ -131,9 +129,10 @@ class EdgeAgent:
         self._acks: list[tuple[str, Any]] = []
         self._items_since_commit = 0
         self._oldest_pending: float | None = None
-        self._last_prune = time.monotonic()
+        self._last_snapshot = time.monotonic()
         self._recent: deque[Window] = deque(maxlen=config.updates.self_test.windows)
         self._recent_lock = threading.Lock()
+        self.last_scoring_failure: float | None = None
         self.on_acks: Callable[[list[tuple[str, Any]]], None] | None = None
         """Called after each commit with the (source, ack) pairs it made safe (the daemon tells the sources)."""
 
@@ -324,12 +323,13 @@ class EdgeAgent:
         """Score what is pending and make it durable; returns the acks the sources may now send (source, ack)."""
         self._score_pending()
         if self.outbox is not None and self.checkpoint is not None:
-            writers: list[Callable[[Any], None]] = [self.checkpoint.write]
+            checkpoint = self.checkpoint
+            writers: list[Callable[[Any], None]] = [checkpoint.write]
+            if time.monotonic() - self._last_snapshot >= checkpoint.snapshot_every_s:
+                writers = [lambda db: checkpoint.write_snapshot(db, self.windows.held())]
+                self._last_snapshot = time.monotonic()
             if self._positions:
                 writers.append(position_writer(self._positions))
-            if time.monotonic() - self._last_prune >= PRUNE_EVERY_S:
-                writers.append(self.checkpoint.prune)
-                self._last_prune = time.monotonic()
             try:
                 self.outbox.commit(writers)
             except BaseException:
@@ -355,7 +355,8 @@ class EdgeAgent:
     def _score_pending(self) -> None:
         if not self._pending:
             return
-        pending, self._pending = self._pending, []
+        pending = self._pending[:]
+        self._pending.clear()  # in place: handle_batch holds this list while it commits mid-batch
         windows = [w for w, _ in pending]
         while True:
             running = self.slot.running
@@ -367,6 +368,7 @@ class EdgeAgent:
                 if self.slot.rollback(reason):
                     continue
                 self.stats.scoring_errors += len(windows)
+                self.last_scoring_failure = time.monotonic()
                 for w in windows:
                     self._quarantine(
                         w.machine_id, f"window ending {w.end.isoformat()}", f"scoring failed: {reason}", "scorer"
@@ -441,10 +443,4 @@ class EdgeAgent:
 def _describe_reading(reading: Reading) -> str:
     values = {n: (None if v != v else v) for n, v in zip(reading.sensors, reading.values, strict=True)}
     stamp = datetime.fromtimestamp(reading.t, UTC).isoformat()
-    return f'{{"timestamp": "{stamp}", "machine_id": "{reading.machine_id}", "values": {values}}}'
-
-
-def iter_items(batches: Iterable[SourceBatch]) -> Iterator[Item]:
-    """The items of batches, for callers that want a flat stream."""
-    for batch in batches:
-        yield from batch.items
+    return json.dumps({"timestamp": stamp, "machine_id": reading.machine_id, "values": values})

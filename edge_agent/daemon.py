@@ -32,7 +32,7 @@ from edge_agent.config import ConfigError, EdgeConfig
 from edge_agent.health import HealthServer
 from edge_agent.logs import configure_logging
 from edge_agent.outbox import Outbox
-from edge_agent.scorers import ScorerSlot, load_running
+from edge_agent.scorers import RunningModel, ScorerSlot, load_running
 from edge_agent.sender import OutboxSender
 from edge_agent.sources import SourceBatch, TelemetrySource, open_source
 from edge_agent.updates import ModelUpdater, UpdateFollower
@@ -40,6 +40,8 @@ from edge_agent.updates import ModelUpdater, UpdateFollower
 log = logging.getLogger("precursor.edge")
 
 OUTBOX_FILE = "outbox.sqlite"
+SCORING_FAILURE_S = 60.0
+"""After windows failed to score (and no model was left to roll back to), health says failing for this long."""
 STALL_S = 30.0
 """The agent's loop not turning for this long means it is failing (stuck), whatever else looks fine."""
 
@@ -97,9 +99,16 @@ class AgentDaemon:
                 self.outbox.close()
                 raise ConfigError(f"model.trusted_keys: {err}") from None
             self.follower = UpdateFollower(config, self.updater, self.stop_event) if send else None
+        self.slot.on_rollback = self._rolled_back
         self.health: HealthServer | None = None
         if config.health.enabled:
-            self.health = HealthServer(config.health.host, config.health.port, self.status, self.metrics_snapshot)
+            try:
+                self.health = HealthServer(config.health.host, config.health.port, self.status, self.metrics_snapshot)
+            except OSError as err:
+                self.outbox.close()
+                raise ConfigError(
+                    f"health: cannot listen on {config.health.host}:{config.health.port}: {err}"
+                ) from None
         self._queue: queue.Queue[SourceBatch | _SourceEnded] = queue.Queue(maxsize=2 * len(self.sources) + 2)
         self._readers: list[threading.Thread] = []
         self._ended: dict[str, str | None] = {}
@@ -112,6 +121,11 @@ class AgentDaemon:
 
     def request_heartbeat(self) -> None:
         self._heartbeat_requested.set()
+
+    def _rolled_back(self, failed: RunningModel, reason: str) -> None:
+        if self.updater is not None:
+            self.updater.model_failed(failed, reason)
+        self.request_heartbeat()  # the fleet should see at once which model runs
 
     def request_stop(self) -> None:
         self.stop_event.set()
@@ -294,6 +308,9 @@ class AgentDaemon:
             return "failing"
         if self._ended and all(self._ended.get(s.name) for s in self.sources):
             return "failing"  # every source died with an error
+        failed_at = self.agent.last_scoring_failure
+        if failed_at is not None and time.monotonic() - failed_at < SCORING_FAILURE_S:
+            return "failing"  # no model can score: windows are being quarantined instead of predicted
         degraded = (
             (self.sender is not None and self.sender.broker_reachable is False)
             or self.outbox.queued_bytes >= 0.8 * self.outbox.max_bytes

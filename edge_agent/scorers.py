@@ -12,7 +12,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +85,8 @@ class ScorerSlot:
         self._lock = threading.Lock()
         self.swaps = 0
         self.rollbacks = 0
+        self.on_rollback: Callable[[RunningModel, str], None] | None = None
+        """Told which model failed and why (the updater remembers not to take its release again)."""
 
     @property
     def current(self) -> Scorer:
@@ -117,6 +119,8 @@ class ScorerSlot:
             failed, self.running, self.previous = self.running, self.previous, None
             self.rollbacks += 1
             self._save()
+        if self.on_rollback is not None:
+            self.on_rollback(failed, reason)
         log.error(
             "model %s rolled back to %s: %s",
             failed.label,

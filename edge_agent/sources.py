@@ -9,13 +9,12 @@ broker) that the data is safe. On restart the agent passes the saved position ba
 
 from __future__ import annotations
 
-import csv
 import itertools
 import json
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,7 +30,7 @@ from edge_agent.config import (
     TailSource,
     source_name,
 )
-from edge_agent.records import Reading, Record, RecordParser
+from edge_agent.records import Reading, Record, RecordParser, csv_fields
 
 Item = Reading | TelemetryReading | Event | RowError
 
@@ -63,42 +62,48 @@ class TelemetrySource(Protocol):
     def close(self) -> None: ...
 
 
-def csv_fields(line: str) -> list[str]:
-    """The fields of one CSV line; quoted fields take the csv module's slower path."""
-    if '"' not in line:
-        return line.split(",")
-    return next(csv.reader([line]), [])
-
-
-def read_records(path: Path, parser: RecordParser) -> Iterator[Record]:
-    """Every record of a CSV, JSONL or Parquet file, in file order."""
+def record_chunks(path: Path, parser: RecordParser, lines: int = 256) -> Iterator[list[Record]]:
+    """The records of a CSV, JSONL or Parquet file, in file order, about ``lines`` at a time."""
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet as pq  # only where Parquet is used: the edge install may not have pyarrow
 
         line = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=lines):
+            chunk: list[Record] = []
             for row in batch.to_pylist():
                 line += 1
                 record = parser.json_record(row, line, "", nan_is_missing=True)
                 if isinstance(record, RowError):  # the raw text is only worth making for a bad row
                     record = RowError(record.source, line, json.dumps(row, default=str)[:4096], record.reason)
-                yield record
+                chunk.append(record)
+            yield chunk
         return
     with path.open(encoding="utf-8", errors="replace", newline="") as fh:
         if suffix in (".jsonl", ".ndjson", ".json"):
-            for line, text in enumerate(fh, start=1):
-                if text.strip():
-                    yield from parser.json_line(text, line)
+            line = 1
+            while texts := list(itertools.islice(fh, lines)):
+                chunk = []
+                for n, text in enumerate(texts, start=line):
+                    if text.strip():
+                        chunk.extend(parser.json_line(text, n))
+                line += len(texts)
+                yield chunk
             return
         header = fh.readline()
         if not header.strip():
             return
         layout = parser.csv_layout(csv_fields(header.rstrip("\r\n")))
-        for line, text in enumerate(fh, start=2):
-            text = text.rstrip("\r\n")
-            if text:
-                yield parser.csv_row(layout, csv_fields(text), line, text)
+        line = 2
+        while texts := list(itertools.islice(fh, lines)):
+            yield parser.csv_lines(layout, texts, line)
+            line += len(texts)
+
+
+def read_records(path: Path, parser: RecordParser) -> Iterator[Record]:
+    """Every record of a CSV, JSONL or Parquet file, in file order."""
+    for chunk in record_chunks(path, parser):
+        yield from chunk
 
 
 class _Pace:
@@ -118,7 +123,12 @@ class _Pace:
 
 
 def _batched(
-    name: str, items: Iterator[Item], size: int, speedup: float, stop: threading.Event, position_of: Any
+    name: str,
+    items: Iterator[Item],
+    size: int,
+    speedup: float,
+    stop: threading.Event,
+    position_of: Callable[[], str | None],
 ) -> Iterator[SourceBatch]:
     """Group items into batches; a paced source hands over what it has before it sleeps."""
     pace = _Pace(speedup)
@@ -171,44 +181,74 @@ class FileReplay:
             str(path), max_sensors=self.limits.max_sensors, max_record_bytes=self.limits.max_record_bytes
         )
 
-    def __iter__(self) -> Iterator[Item]:
+    def _chunks(self) -> Iterator[list[Item]]:
+        """The replay's items, a chunk (about ``batch_rows`` telemetry rows, with their events) at a time."""
         pending: dict[str, list[Event]] = defaultdict(list)
         if self.spec.events is not None:
+            errors: list[Item] = []
             for record in read_records(self.spec.events, self._parser(self.spec.events)):
                 if isinstance(record, Event):
                     pending[record.machine_id].append(record)
                 elif isinstance(record, Reading):
-                    yield RowError(str(self.spec.events), 0, repr(record)[:200], "an events file row without an event")
+                    errors.append(
+                        RowError(str(self.spec.events), 0, repr(record)[:200], "an events file row without an event")
+                    )
                 else:
-                    yield record
+                    errors.append(record)
+            if errors:
+                yield errors
         for events in pending.values():
             events.sort(key=lambda e: e.timestamp, reverse=True)  # pop() from the end = oldest first
-        for record in read_records(self.spec.telemetry, self._parser(self.spec.telemetry)):
-            if isinstance(record, Reading):
-                queue = pending.get(record.machine_id)
-                while queue and queue[-1].timestamp.timestamp() <= record.t:
-                    yield queue.pop()
-            yield record
+        telemetry = self._parser(self.spec.telemetry)
+        for records in record_chunks(self.spec.telemetry, telemetry, self.spec.batch_rows):
+            if not pending:
+                yield records  # type: ignore[misc]
+                continue
+            chunk: list[Item] = []
+            for record in records:
+                if type(record) is Reading:
+                    queue = pending.get(record.machine_id)
+                    while queue and queue[-1].timestamp.timestamp() <= record.t:
+                        chunk.append(queue.pop())
+                chunk.append(record)
+            yield chunk
         leftovers = sorted((e for q in pending.values() for e in q), key=lambda e: (e.timestamp, e.machine_id))
-        yield from leftovers
+        if leftovers:
+            yield leftovers  # type: ignore[misc]
+
+    def __iter__(self) -> Iterator[Item]:
+        for chunk in self._chunks():
+            yield from chunk
 
     def batches(self, position: str | None, stop: threading.Event) -> Iterator[SourceBatch]:
         skip = int(json.loads(position)["items"]) if position else 0
-        self._done = skip
+        done = skip
+        if self.spec.speedup > 0:  # paced: item by item, so each waits for its time
+            self._done = skip
 
-        def counted() -> Iterator[Item]:
-            for item in itertools.islice(iter(self), skip, None):
-                self._done += 1
-                yield item
+            def counted() -> Iterator[Item]:
+                for item in itertools.islice(iter(self), skip, None):
+                    self._done += 1
+                    yield item
 
-        yield from _batched(
-            self.name,
-            counted(),
-            self.spec.batch_rows,
-            self.spec.speedup,
-            stop,
-            lambda: json.dumps({"items": self._done}),
-        )
+            def position_of() -> str:
+                return json.dumps({"items": self._done})
+
+            yield from _batched(self.name, counted(), self.spec.batch_rows, self.spec.speedup, stop, position_of)
+            return
+        chunks = self._chunks()
+        while not stop.is_set():
+            started = time.monotonic()  # a row arrives when the replay reads it
+            chunk = next(chunks, None)
+            if chunk is None:
+                return
+            if skip:
+                if len(chunk) <= skip:
+                    skip -= len(chunk)
+                    continue
+                chunk, skip = chunk[skip:], 0
+            done += len(chunk)
+            yield SourceBatch(self.name, chunk, json.dumps({"items": done}), arrived=started)
 
     def acknowledge(self, ack: Any) -> None:
         """The position is in the outbox's database: nothing to tell anyone."""

@@ -149,6 +149,13 @@ class WindowBuilder:
             self.journal.accepted(reading)
         return window
 
+    def held(self) -> Iterable[Reading]:
+        """Every reading the builder holds: what a restart needs to rebuild the open windows."""
+        new = tuple.__new__
+        for machine_id, state in self._machines.items():
+            for t, values, sensors in zip(state.times, state.rows, state.layouts, strict=True):
+                yield new(Reading, (machine_id, t, sensors, values))
+
     def restore(self, emitted: Mapping[str, int], readings: Iterable[Reading], events: Iterable[Event]) -> None:
         """Rebuild open windows after a restart from what the journal kept; tells the journal nothing."""
         journal, self.journal = self.journal, None

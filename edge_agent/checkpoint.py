@@ -1,0 +1,208 @@
+"""What a restart needs besides the outbox: the open windows and where each source stopped.
+
+Both are written in the outbox's transaction (see :meth:`edge_agent.outbox.Outbox.commit`), so after a crash the
+agent resumes from a consistent cut: every reading before a source's saved position is either in an open window
+(restored from here) or already in a committed prediction, and nothing after it has left a trace.
+
+The open windows are kept as a *snapshot* of every reading the window builder holds, plus one *delta* per commit
+(the readings it accepted since): columns packed into one blob, so a commit of 2,000 readings writes one row, not
+2,000. Every ``snapshot_every`` seconds a fresh snapshot replaces the old one and its deltas; readings no future
+window needs are gone from it, which bounds the journal. Each machine's last boundary (its *mark*) is a row of its
+own, and so is each event; events older than the lookback go, except each machine's latest maintenance of each part.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import struct
+from array import array
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+
+from contracts.messages import Event
+from edge_agent.config import WindowSpec
+from edge_agent.records import Reading
+
+_MAGIC = b"PCJ1"
+_HEADER = struct.Struct("<4sII")  # magic, rows, bytes of machine ids
+
+
+class ReadingColumns:
+    """Readings as columns: machine ids, times, sensor-layout ids and the values of every row, back to back.
+
+    >>> columns = ReadingColumns()
+    >>> columns.add(Reading("m1", 60.0, ("a", "b"), (1.0, float("nan"))), 1)
+    >>> columns.add(Reading("m2", 61.0, ("a",), (3.0,)), 2)
+    >>> [(m, t, layout, v) for m, t, layout, v in ReadingColumns.unpack(columns.pack(), {1: 2, 2: 1})]
+    [('m1', 60.0, 1, (1.0, nan)), ('m2', 61.0, 2, (3.0,))]
+    """
+
+    def __init__(self) -> None:
+        self.machines: list[str] = []
+        self.times = array("d")
+        self.layouts = array("i")
+        self.values = array("d")
+
+    def __len__(self) -> int:
+        return len(self.machines)
+
+    def add(self, reading: Reading, layout: int) -> None:
+        self.machines.append(reading.machine_id)
+        self.times.append(reading.t)
+        self.layouts.append(layout)
+        self.values.extend(reading.values)
+
+    def pack(self) -> bytes:
+        ids = "\n".join(self.machines).encode()
+        header = _HEADER.pack(_MAGIC, len(self.machines), len(ids))
+        return b"".join((header, ids, self.times.tobytes(), self.layouts.tobytes(), self.values.tobytes()))
+
+    @staticmethod
+    def unpack(blob: bytes, widths: Mapping[int, int]) -> Iterable[tuple[str, float, int, tuple[float, ...]]]:
+        """(machine_id, t, layout id, values) per row; ``widths`` is each layout's number of sensors."""
+        magic, rows, id_bytes = _HEADER.unpack_from(blob)
+        if magic != _MAGIC:
+            raise ValueError("not a window journal blob")
+        at = _HEADER.size
+        machines = blob[at : at + id_bytes].decode().split("\n") if rows else []
+        at += id_bytes
+        times = array("d", blob[at : at + 8 * rows])
+        at += 8 * rows
+        layouts = array("i", blob[at : at + 4 * rows])
+        at += 4 * rows
+        values = array("d", blob[at:])
+        start = 0
+        for machine, t, layout in zip(machines, times, layouts, strict=True):
+            end = start + widths[layout]
+            yield machine, t, layout, tuple(values[start:end])
+            start = end
+
+
+class WindowCheckpoint:
+    """A :class:`~edge_agent.windows.WindowJournal` that buffers changes until the next commit writes them."""
+
+    def __init__(self, db: sqlite3.Connection, spec: WindowSpec, *, snapshot_every_s: float = 10.0) -> None:
+        self.db = db
+        self._lookback = int(spec.event_lookback.total_seconds())
+        self.snapshot_every_s = snapshot_every_s
+        self._layouts: dict[tuple[str, ...], int] = {}
+        self._last_layout: tuple[tuple[str, ...], int] | None = None
+        self._rows = ReadingColumns()
+        self._marks: dict[str, int] = {}
+        self._events: list[tuple[str, float, str]] = []
+        self._new_layouts: list[tuple[int, str]] = []
+        for layout_id, sensors in db.execute("SELECT id, sensors FROM window_layouts"):
+            self._layouts[tuple(sensors.split(",")) if sensors else ()] = layout_id
+
+    # --- the journal the window builder talks to ----------------------------------------------------------------
+
+    def _layout(self, sensors: tuple[str, ...]) -> int:
+        last = self._last_layout
+        if last is not None and last[0] is sensors:  # readings of one source share one sensors tuple
+            return last[1]
+        layout = self._layouts.get(sensors)
+        if layout is None:
+            layout = self._layouts[sensors] = len(self._layouts) + 1
+            self._new_layouts.append((layout, ",".join(sensors)))
+        self._last_layout = (sensors, layout)
+        return layout
+
+    def accepted(self, reading: Reading) -> None:
+        self._rows.add(reading, self._layout(reading.sensors))
+
+    def emitted(self, machine_id: str, boundary: int) -> None:
+        self._marks[machine_id] = boundary
+
+    def event(self, event: Event) -> None:
+        self._events.append((event.machine_id, event.timestamp.timestamp(), event.event))
+
+    # --- commit -------------------------------------------------------------------------------------------------
+
+    def write(self, db: sqlite3.Connection) -> None:
+        """Write what changed since the last commit (inside the caller's transaction)."""
+        if self._rows:
+            self._write_layouts(db)
+            db.execute("INSERT INTO window_deltas (readings) VALUES (?)", (self._rows.pack(),))
+        self._write_marks_and_events(db)
+
+    def write_snapshot(self, db: sqlite3.Connection, held: Iterable[Reading]) -> None:
+        """Replace the journal by the readings the builder holds now (inside the caller's transaction)."""
+        columns = ReadingColumns()
+        for reading in held:
+            columns.add(reading, self._layout(reading.sensors))
+        self._write_layouts(db)
+        db.execute("DELETE FROM window_deltas")
+        db.execute("DELETE FROM window_snapshot")
+        db.execute("INSERT INTO window_snapshot (id, readings) VALUES (1, ?)", (columns.pack(),))
+        self._write_marks_and_events(db)
+        db.execute(
+            "DELETE FROM window_events WHERE t < (SELECT m.emitted_until - ? FROM window_marks m "
+            "WHERE m.machine_id = window_events.machine_id) "
+            "AND NOT (event LIKE 'maintenance:%' AND t = (SELECT MAX(e.t) FROM window_events e "
+            "WHERE e.machine_id = window_events.machine_id AND e.event = window_events.event))",
+            (self._lookback,),
+        )
+
+    def _write_layouts(self, db: sqlite3.Connection) -> None:
+        if self._new_layouts:
+            db.executemany("INSERT OR REPLACE INTO window_layouts (id, sensors) VALUES (?, ?)", self._new_layouts)
+
+    def _write_marks_and_events(self, db: sqlite3.Connection) -> None:
+        if self._marks:
+            db.executemany(
+                "INSERT INTO window_marks (machine_id, emitted_until) VALUES (?, ?) "
+                "ON CONFLICT (machine_id) DO UPDATE SET emitted_until = excluded.emitted_until",
+                self._marks.items(),
+            )
+        if self._events:
+            db.executemany("INSERT INTO window_events (machine_id, t, event) VALUES (?, ?, ?)", self._events)
+
+    def committed(self) -> None:
+        """The last write is durable: start collecting the next changes."""
+        self._rows = ReadingColumns()
+        self._marks = {}
+        self._events = []
+        self._new_layouts = []
+
+    def rolled_back(self) -> None:
+        """The last commit failed: keep the changes for the next one (they are written again)."""
+
+    # --- restart ------------------------------------------------------------------------------------------------
+
+    def load(self) -> tuple[dict[str, int], list[Reading], list[Event]]:
+        """(emitted boundary per machine, readings of the open windows, context events) as last committed.
+
+        Readings an open window no longer needs may come back too; the window builder drops them.
+        """
+        marks = dict(self.db.execute("SELECT machine_id, emitted_until FROM window_marks").fetchall())
+        sensors_of = {layout_id: sensors for sensors, layout_id in self._layouts.items()}
+        widths = {layout_id: len(sensors) for layout_id, sensors in sensors_of.items()}
+        blobs = [row[0] for row in self.db.execute("SELECT readings FROM window_snapshot")]
+        blobs += [row[0] for row in self.db.execute("SELECT readings FROM window_deltas ORDER BY id")]
+        readings = [
+            Reading(machine, t, sensors_of[layout], values)
+            for blob in blobs
+            for machine, t, layout, values in ReadingColumns.unpack(blob, widths)
+        ]
+        events = [
+            Event(timestamp=datetime.fromtimestamp(t, UTC), machine_id=machine_id, event=event)
+            for machine_id, t, event in self.db.execute("SELECT machine_id, t, event FROM window_events ORDER BY t")
+        ]
+        return marks, readings, events
+
+
+def read_positions(db: sqlite3.Connection) -> dict[str, str]:
+    return dict(db.execute("SELECT source, position FROM positions").fetchall())
+
+
+def position_writer(positions: Mapping[str, str]) -> Callable[[sqlite3.Connection], None]:
+    """A writer for :meth:`Outbox.commit` that saves each source's position."""
+
+    def write(db: sqlite3.Connection) -> None:
+        db.executemany(
+            "INSERT INTO positions (source, position) VALUES (?, ?) "
+            "ON CONFLICT (source) DO UPDATE SET position = excluded.position",
+            list(positions.items()),
+        )
+
+    return write

@@ -1,0 +1,167 @@
+"""The sender thread: outbox -> Kafka (``acks=all``), deleting each message only once the broker acknowledged it.
+
+A kafka-python producer without a broker blocks for its whole timeout before it says so, so the sender first checks
+that some bootstrap server accepts a TCP connection, and backs off (0.5 s doubling to 10 s) while none does. A send
+that fails or times out closes the producer (its buffered records are abandoned: they are still in the outbox) and
+the next attempt starts fresh, resending from the oldest message. A resend carries the same ``(edge_id, seq)``, so
+consumers drop it if the first attempt had in fact landed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kafka import KafkaProducer
+from kafka.errors import KafkaError
+
+from contracts.settings import KafkaSettings
+from edge_agent.outbox import Outbox, OutboxRow
+from edge_agent.publisher import BrokerUnreachable, check_reachable
+
+log = logging.getLogger("precursor.edge.sender")
+
+MIN_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 10.0
+
+
+def topic_for(settings: KafkaSettings) -> Callable[[str], str]:
+    topics = settings.topics
+    by_kind = {"prediction": topics.predictions, "event": topics.events, "heartbeat": topics.heartbeats}
+    return by_kind.__getitem__
+
+
+class OutboxSender(threading.Thread):
+    def __init__(
+        self,
+        outbox: Outbox,
+        settings: KafkaSettings,
+        *,
+        batch: int = 1000,
+        send_timeout_s: float = 15.0,
+        producer_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        super().__init__(name="outbox-sender", daemon=True)
+        self.outbox = outbox
+        self.settings = settings
+        self.batch = batch
+        self.send_timeout_s = send_timeout_s
+        self.topic = topic_for(settings)
+        self._producer_factory = producer_factory or self._new_producer
+        self._producer: Any = None
+        self._stopping = threading.Event()
+        self._backoff = MIN_BACKOFF_S
+        self.sent = 0
+        self.failures = 0
+        self.broker_reachable: bool | None = None
+        self.last_error: str | None = None
+        self.last_success: float | None = None
+        self._idle = threading.Event()
+
+    def _new_producer(self) -> KafkaProducer:
+        timeout_ms = int(self.send_timeout_s * 1000)
+        return KafkaProducer(
+            **self.settings.client_kwargs() | {"request_timeout_ms": min(self.settings.request_timeout_ms, timeout_ms)},
+            acks="all",
+            linger_ms=5,
+            retries=3,
+            max_block_ms=timeout_ms,
+            delivery_timeout_ms=timeout_ms * 2,
+            max_in_flight_requests_per_connection=5,
+        )
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.outbox.wake_sender()
+
+    def run(self) -> None:
+        reader = self.outbox.reader()
+        try:
+            while not self._stopping.is_set():
+                rows = reader.pending(self.batch)
+                if not rows:
+                    self._idle.set()
+                    self.outbox.wait_for_messages(0.2)
+                    continue
+                self._idle.clear()
+                if not self._send(rows, reader.acknowledge):
+                    self._stopping.wait(self._backoff)
+                    self._backoff = min(self._backoff * 2, MAX_BACKOFF_S)
+                else:
+                    self._backoff = MIN_BACKOFF_S
+        finally:
+            self._close_producer()
+            reader.close()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until the outbox is empty (True) or ``timeout_s`` passed (False)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.outbox.depth == 0:
+                return True
+            self.outbox.wake_sender()
+            time.sleep(0.05)
+        return self.outbox.depth == 0
+
+    def _send(self, rows: list[OutboxRow], acknowledge: Callable[[list[int]], int]) -> bool:
+        """Send a batch and delete what was acknowledged; False if the broker is away or a send failed."""
+        if self._producer is None:
+            try:
+                check_reachable(self.settings.servers, timeout_s=1.0)
+                self._producer = self._producer_factory()
+            except (BrokerUnreachable, KafkaError, OSError) as err:
+                self._failed(f"{type(err).__name__}: {err}")
+                return False
+        futures = []
+        try:
+            for row in rows:
+                futures.append(
+                    (row.seq, self._producer.send(self.topic(row.kind), key=row.key.encode(), value=row.value))
+                )
+            self._producer.flush(timeout=self.send_timeout_s)
+        except (KafkaError, OSError) as err:
+            self._failed(f"{type(err).__name__}: {err}")
+        acked = [seq for seq, future in futures if future.is_done and future.succeeded()]
+        if acked:
+            acknowledge(acked)
+            self.sent += len(acked)
+            self.last_success = time.time()
+        if len(acked) == len(rows):
+            if self.broker_reachable is False:
+                log.info("Kafka is reachable again: outbox draining", extra={"outbox_depth": self.outbox.depth})
+            self.broker_reachable = True
+            self.last_error = None
+            return True
+        failed = next((f.exception for _, f in futures if f.is_done and f.failed()), None)
+        self._failed(f"{len(rows) - len(acked)} of {len(rows)} sends not acknowledged ({failed or 'timed out'})")
+        return False
+
+    def _failed(self, reason: str) -> None:
+        self.failures += 1
+        if self.broker_reachable is not False:
+            log.warning(
+                "Kafka unreachable, keeping messages in the outbox: %s",
+                reason,
+                extra={"outbox_depth": self.outbox.depth, "bootstrap_servers": self.settings.bootstrap_servers},
+            )
+        self.broker_reachable = False
+        self.last_error = reason
+        self._close_producer()
+
+    def _close_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        try:
+            producer.close(timeout=0)  # abandon what it buffered: the outbox still has it
+        except (KafkaError, OSError) as err:
+            # kafka-python's close() flushes before it force-closes, so with records still buffered for a broker
+            # that is gone it raises and leaves its I/O thread running (and raises again when garbage-collected).
+            log.debug("closing the producer: %s; forcing it", err)
+            sender = getattr(producer, "_sender", None)
+            if sender is not None:
+                sender.force_close()
+            producer._closed = True

@@ -1,0 +1,181 @@
+"""Sources: a rotation-safe file tail, file replay (CSV, JSONL, Parquet) and the simulator, each resumable from the
+position the agent saves."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from contracts.formats import RowError
+from contracts.messages import Event
+from edge_agent.config import EdgeConfig, ReplaySource, SimulatorSource, TailSource
+from edge_agent.records import Reading
+from edge_agent.sources import FileReplay, SimulatedFleet, SourceBatch
+from edge_agent.tail import FileTail
+from tests.test_edge_support import wait_for
+
+HEADER = "timestamp,machine_id,temp\n"
+
+
+def line(i: int) -> str:
+    return f"{1767225600 + i},m1,{i}\n"
+
+
+class Follower:
+    """Runs a source's batches in a thread and keeps what it yields (the last position included)."""
+
+    def __init__(self, source: FileTail, position: str | None = None) -> None:
+        self.batches: list[SourceBatch] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(
+            target=lambda: self.batches.extend(source.batches(position, self.stop)), daemon=True
+        )
+        self.thread.start()
+
+    def values(self) -> list[float]:
+        return [item.values[0] for b in self.batches for item in b.items if isinstance(item, Reading)]
+
+    def until(self, count: int) -> list[float]:
+        wait_for(lambda: len(self.values()) >= count, 10, what=f"{count} readings")
+        return self.values()
+
+    def close(self) -> str | None:
+        self.stop.set()
+        self.thread.join(5)
+        positions = [b.position for b in self.batches if b.position is not None]
+        return positions[-1] if positions else None
+
+
+def tail(path: Path, **overrides: object) -> FileTail:
+    return FileTail(TailSource(path=path, poll=timedelta(milliseconds=20), **overrides))
+
+
+def test_tail_hands_over_complete_lines_only_and_follows_appends(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(HEADER + line(0) + line(1) + "17672256")  # the writer is mid-line
+    follower = Follower(tail(path))
+    assert follower.until(2) == [0, 1]
+    with path.open("a") as fh:
+        fh.write("02,m1,2\n" + line(3))
+    assert follower.until(4) == [0, 1, 2, 3]
+    position = json.loads(follower.close() or "{}")
+    assert position["offset"] == path.stat().st_size
+
+
+def test_tail_survives_rename_rotation_and_truncation_without_loss_or_repeats(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(HEADER + line(0) + line(1))
+    follower = Follower(tail(path))
+    follower.until(2)
+    with path.open("a") as fh:
+        fh.write(line(2) + line(3).rstrip("\n"))  # the last line of the old file has no newline
+    path.rename(tmp_path / "t.csv.1")
+    path.write_text(HEADER + line(4))
+    assert follower.until(5) == [0, 1, 2, 3, 4]
+    path.write_text(HEADER + line(5))  # copytruncate: same file, shorter than what was read
+    assert follower.until(6) == [0, 1, 2, 3, 4, 5]
+    follower.close()
+
+
+def test_tail_resumes_after_a_restart_even_if_the_file_rotated_meanwhile(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(HEADER + line(0) + line(1))
+    first = Follower(tail(path))
+    first.until(2)
+    position = first.close()
+    # While the agent is down: more lines, then a rotation, then a new file.
+    with path.open("a") as fh:
+        fh.write(line(2) + line(3))
+    path.rename(tmp_path / "t.csv.1")
+    path.write_text(HEADER + line(4))
+    second = Follower(tail(path), position)
+    assert second.until(3) == [2, 3, 4]
+    second.close()
+
+
+def test_tail_quarantines_bad_lines_and_goes_on(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(
+        b'{"timestamp": 1767225600, "machine_id": "m1", "temp": 1}\n'
+        b"\xff\xfe not utf-8\n"
+        b'{"timestamp": 1767225660, "machine_id": "m1", "temp": "x"}\n' + b"x" * 100 + b"\n"
+        b'{"timestamp": 1767225720, "machine_id": "m1", "temp": 3}\n'
+    )
+    follower = Follower(tail(path, batch_rows=2), None)
+    wait_for(lambda: len(follower.values()) == 2, 10, what="two good readings")
+    follower.close()
+    errors = [i.reason for b in follower.batches for i in b.items if isinstance(i, RowError)]
+    assert follower.values() == [1.0, 3.0]
+    assert any("not valid UTF-8" in e for e in errors)
+    assert any("sensor temp='x' is text" in e for e in errors)
+    assert any("not valid JSON" in e for e in errors)
+
+
+def test_tail_skips_a_line_longer_than_the_record_limit(tmp_path: Path) -> None:
+    from edge_agent.config import InputSpec
+
+    path = tmp_path / "t.csv"
+    path.write_text(HEADER + line(0) + "9" * 300_000 + "\n" + line(1))
+    source = FileTail(TailSource(path=path, poll=timedelta(milliseconds=20)), InputSpec(max_record_bytes=1024))
+    follower = Follower(source)
+    assert follower.until(2) == [0, 1]
+    follower.close()
+    errors = [i.reason for b in follower.batches for i in b.items if isinstance(i, RowError)]
+    assert len(errors) == 1 and "longer than max_record_bytes=1024" in errors[0]
+
+
+def test_replay_reads_jsonl_and_parquet_and_resumes_from_a_saved_position(tmp_path: Path) -> None:
+    (tmp_path / "t.jsonl").write_text(
+        "".join(json.dumps({"timestamp": 1767225600 + 60 * i, "machine_id": "m1", "temp": i}) + "\n" for i in range(10))
+    )
+    table = pa.table(
+        {
+            "timestamp": pa.array([1767225600 + 60 * i for i in range(4)], pa.int64()),
+            "machine_id": ["m1"] * 4,
+            "temp": [1.0, float("nan"), None, float("inf")],
+        }
+    )
+    pq.write_table(table, tmp_path / "t.parquet")
+    parquet = list(FileReplay(ReplaySource(telemetry=tmp_path / "t.parquet")))
+    assert [type(i).__name__ for i in parquet] == ["Reading", "Reading", "Reading", "RowError"]
+
+    spec = ReplaySource(telemetry=tmp_path / "t.jsonl", batch_rows=3)
+    first = FileReplay(spec).batches(None, threading.Event())
+    got = [next(first), next(first)]
+    assert got[-1].position == json.dumps({"items": 6})
+    rest = list(FileReplay(spec).batches(got[-1].position, threading.Event()))
+    values = [i.values[0] for b in got + rest for i in b.items]
+    assert values == [float(i) for i in range(10)]
+
+
+def test_simulator_resumes_the_same_deterministic_stream(tmp_path: Path) -> None:
+    spec = SimulatorSource(machines=3, duration="6h", interval="10m", seed=3, speedup=0, batch_rows=10)
+    whole = [i for b in SimulatedFleet(spec).batches(None, threading.Event()) for i in b.items]
+    first = SimulatedFleet(spec).batches(None, threading.Event())
+    head = [next(first) for _ in range(4)]
+    tail_part = list(SimulatedFleet(spec).batches(head[-1].position, threading.Event()))
+    resumed = [i for b in head + tail_part for i in b.items]
+    assert len(whole) > 100 and any(isinstance(i, Reading) for i in whole)
+    assert resumed == whole
+    assert all(isinstance(i, Reading | Event) for i in whole)
+
+
+def test_tail_and_mqtt_config_paths_are_relative_to_the_config_file(tmp_path: Path) -> None:
+    config = EdgeConfig.from_dict(
+        {
+            "edge_id": "e",
+            "sources": [
+                {"type": "tail", "path": "logs/t.csv"},
+                {"type": "mqtt", "topics": ["a/#"], "ca_file": "ca.pem", "tls": True},
+            ],
+        },
+        base=tmp_path,
+    )
+    tail_spec, mqtt_spec = config.sources
+    assert tail_spec.path == tmp_path / "logs/t.csv"  # type: ignore[union-attr]
+    assert mqtt_spec.ca_file == tmp_path / "ca.pem"  # type: ignore[union-attr]
