@@ -1,0 +1,172 @@
+"""``precursor train`` and ``precursor evaluate``: the language model on the generic formats, from the command line.
+
+Torch, transformers and scikit-learn are imported inside the commands, so ``precursor --help`` stays quick.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from contracts.durations import parse_duration
+
+log = logging.getLogger(__name__)
+
+
+def _hours(value: str, option: str) -> float:
+    try:
+        hours = parse_duration(value).total_seconds() / 3600
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint=option) from None
+    if hours <= 0:
+        raise typer.BadParameter(f"{value!r} must be a positive duration", param_hint=option)
+    return hours
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code=1)
+
+
+def _stats(value: str, option: str) -> tuple[str, ...]:
+    from models.features import STATISTICS
+
+    names = tuple(s.strip() for s in value.split(",") if s.strip())
+    unknown = [s for s in names if s not in STATISTICS]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown statistic(s) {unknown}; choose from {', '.join(STATISTICS)}", param_hint=option
+        )
+    return names
+
+
+def train_command(
+    telemetry: Annotated[
+        Path, typer.Option(help="Telemetry file (CSV, JSONL or Parquet): timestamp, machine_id, sensors.")
+    ],
+    events: Annotated[Path, typer.Option(help="Events file: timestamp, machine_id, event (failure[:KIND], ...).")],
+    out: Annotated[Path, typer.Option(help="Folder to write the model into (the signed artifact with --signing-key).")],
+    machines: Annotated[Path | None, typer.Option(help="Machines file: machine_id plus static attributes.")] = None,
+    horizon: Annotated[
+        str, typer.Option(help="Predict a failure within this long after a window: 24h, 30h, 2d.")
+    ] = "24h",
+    until: Annotated[
+        str | None, typer.Option(help="Use only data before this time (ISO 8601 or epoch seconds); test after it.")
+    ] = None,
+    window: Annotated[str | None, typer.Option(help="Window length (default: the horizon).")] = None,
+    every: Annotated[str, typer.Option(help="A window ends every this long, per machine.")] = "1h",
+    scaling: Annotated[
+        str,
+        typer.Option(
+            help="machine: each machine scaled by its own training statistics (for predicting machines seen in "
+            "training); fleet: one scaling per sensor (for predicting new machines)."
+        ),
+    ] = "machine",
+    blocks: Annotated[int, typer.Option(min=1, max=32, help="Blocks a window is cut into.")] = 3,
+    block_stats: Annotated[
+        str, typer.Option(help="Statistics per block and sensor, comma-separated.")
+    ] = "mean,std,slope",
+    max_length: Annotated[int, typer.Option(min=8, help="Longest token sequence (the model's context).")] = 256,
+    seed: Annotated[int, typer.Option(help="Random seed (weights, batch order).")] = 0,
+    max_minutes: Annotated[float, typer.Option(min=0.01, help="Training time budget.")] = 8.0,
+    max_steps: Annotated[int, typer.Option(min=1, help="Most optimisation steps.")] = 3000,
+    n_layer: Annotated[int, typer.Option(min=1, help="Transformer layers.")] = 3,
+    n_embd: Annotated[int, typer.Option(min=8, help="Model width.")] = 96,
+    n_head: Annotated[int, typer.Option(min=1, help="Attention heads.")] = 4,
+    backbone: Annotated[
+        Path | None, typer.Option(help="A local Hugging Face causal-LM checkpoint folder to fine-tune instead.")
+    ] = None,
+    threads: Annotated[int, typer.Option(min=1, max=2, help="CPU threads for torch.")] = 1,
+    signing_key: Annotated[
+        Path | None, typer.Option(help="ed25519 private key: export the signed int8 ONNX artifact to --out.")
+    ] = None,
+    version: Annotated[str | None, typer.Option(help="Artifact version (default: a UTC timestamp).")] = None,
+) -> None:
+    """Train the telemetry language model; choose its alert threshold on a validation period at the end of the data."""
+    from pydantic import ValidationError
+
+    from contracts.messages import ContractError
+    from models.dataset import DatasetError
+    from models.tokenizer import TokenizerError
+    from models.train import TrainSettings, describe, train
+
+    horizon_h = _hours(horizon, "--horizon")
+    if scaling not in ("machine", "fleet"):
+        raise typer.BadParameter(f"scaling={scaling!r}: choose machine or fleet", param_hint="--scaling")
+    try:
+        settings = TrainSettings(
+            horizon_h=horizon_h,
+            window_h=_hours(window, "--window") if window is not None else horizon_h,
+            every_h=_hours(every, "--every"),
+            scaling=scaling,  # type: ignore[arg-type]
+            blocks=blocks,
+            block_stats=_stats(block_stats, "--block-stats"),  # type: ignore[arg-type]
+            max_length=max_length,
+            seed=seed,
+            max_minutes=max_minutes,
+            max_steps=max_steps,
+            n_layer=n_layer,
+            n_embd=n_embd,
+            n_head=n_head,
+            backbone=backbone,
+            threads=threads,
+        )
+    except ValidationError as err:
+        raise _fail(f"invalid training settings: {err}") from None
+    try:
+        result = train(
+            telemetry,
+            events,
+            out,
+            settings,
+            machines=machines,
+            until=until,
+            signing_key=signing_key,
+            version=version,
+        )
+    except (DatasetError, TokenizerError, ContractError, FileNotFoundError, ValueError) as err:
+        raise _fail(str(err)) from None
+    typer.echo(describe(result.meta))
+    if result.artifact_dir is not None:
+        typer.echo(f"signed artifact: {result.artifact_dir}  (checkpoint: {result.checkpoint_dir})")
+    else:
+        typer.echo(f"checkpoint: {result.checkpoint_dir}")
+
+
+def evaluate_command(
+    model: Annotated[Path, typer.Option(help="A checkpoint folder from `precursor train`, or a signed artifact.")],
+    telemetry: Annotated[Path, typer.Option(help="Test telemetry file.")],
+    events: Annotated[Path, typer.Option(help="Test events file (the failures to find).")],
+    machines: Annotated[Path | None, typer.Option(help="Machines file.")] = None,
+    horizon: Annotated[str | None, typer.Option(help="Must match the model's horizon (default: the model's).")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(help="Test windows end at or after this time (default: the end of the model's training data)."),
+    ] = None,
+    trusted_keys: Annotated[
+        Path | None, typer.Option(help="Public key file or folder that may sign the artifact (for signed artifacts).")
+    ] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+) -> None:
+    """Evaluate the model and two baselines on the same test windows, each at its validation-chosen threshold."""
+    from contracts.messages import ContractError
+    from models.dataset import DatasetError
+    from models.evaluate import evaluate
+    from models.tokenizer import TokenizerError
+
+    try:
+        report = evaluate(
+            model,
+            telemetry,
+            events,
+            machines,
+            horizon_h=_hours(horizon, "--horizon") if horizon is not None else None,
+            since=since,
+            trusted_keys=trusted_keys,
+        )
+    except (DatasetError, TokenizerError, ContractError, FileNotFoundError, ValueError) as err:
+        raise _fail(str(err)) from None
+    typer.echo(report.to_json() if json_output else report.table())

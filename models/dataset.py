@@ -1,0 +1,272 @@
+"""Labelled windows from the generic formats, cut exactly as the edge agent cuts them, and time-based splits.
+
+Windows end on boundaries that are multiples of ``every_h`` since the epoch; the window ending at ``b`` holds a
+machine's readings with ``b - window_h <= t < b`` (the edge agent's rule, so cloud and edge tokenize the same input)
+and its events before ``b``: those within ``event_lookback_h`` plus the latest maintenance of each part.
+
+The label of a window ending at ``b`` is the machine's first failure in ``[b, b + horizon_h)``: its kind (``failure``
+when unnamed), else ``ok``. A label is used only when it is known before the end of the data it may use
+(``labels_until``, exclusive): a failure before then, or ``b + horizon_h <= labels_until``. Windows whose outcome was
+still open are left out, never guessed.
+
+Time-based splits, no leakage: training windows end before the validation start and their labels are known by it;
+validation windows end at or after it. The validation period is chosen to hold several failures (a fraction of them,
+at least ``min_failures``), because thresholds and checkpoints picked on one or two failures are noise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from contracts.formats import TelemetryTable, read_events, read_machines, read_telemetry_table
+from contracts.messages import Event
+from models.outcome import OK
+from models.scoring import ANY_FAILURE, Window
+
+HOUR_S = 3600
+
+
+class DatasetError(ValueError):
+    """Data that cannot be windowed or split as asked; the text names the file, setting or time involved."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    machine_id: str
+    time_s: int
+    kind: str  # "failure" when the event names no kind
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """A fleet's telemetry, events and static attributes, as read from the generic files."""
+
+    table: TelemetryTable
+    events: dict[str, list[Event]]  # machine_id -> events, oldest first
+    attributes: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, telemetry: str | Path, events: str | Path | None, machines: str | Path | None = None) -> Fleet:
+        for name, path in (("telemetry", telemetry), ("events", events), ("machines", machines)):
+            if path is not None and not Path(path).is_file():
+                raise DatasetError(f"{name} file {str(path)!r} does not exist")
+        table = read_telemetry_table(telemetry)
+        if len(table.machine_ids) == 0:
+            raise DatasetError(f"telemetry file {str(telemetry)!r} has no rows")
+        by_machine: dict[str, list[Event]] = {}
+        for event in read_events(events) if events is not None else []:
+            by_machine.setdefault(event.machine_id, []).append(event)
+        return cls(table, by_machine, read_machines(machines))
+
+    @property
+    def machine_ids(self) -> list[str]:
+        return [m for m, _ in self.table.machines()]
+
+    @property
+    def last_time_s(self) -> int:
+        """The latest instant the data speaks of: its last reading or its last event."""
+        last = int(self.table.timestamps.max())
+        for events in self.events.values():
+            if events:
+                last = max(last, int(events[-1].timestamp.timestamp()))
+        return last
+
+    def failures(self) -> list[Failure]:
+        """Every failure event, oldest first."""
+        out = [
+            Failure(m, int(e.timestamp.timestamp()), e.detail or ANY_FAILURE)
+            for m, events in self.events.items()
+            for e in events
+            if e.kind == "failure"
+        ]
+        return sorted(out, key=lambda f: (f.time_s, f.machine_id))
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """How windows are cut and labelled. Hours throughout."""
+
+    window_h: float
+    horizon_h: float
+    every_h: float = 1.0
+    min_points: int = 3
+    event_lookback_h: float = 30 * 24.0
+
+    def __post_init__(self) -> None:
+        for name in ("window_h", "horizon_h", "every_h"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise DatasetError(f"{name}={value!r}: must be a positive number of hours")
+        if self.min_points < 1:
+            raise DatasetError(f"min_points={self.min_points}: must be at least 1")
+
+
+@dataclass(frozen=True)
+class LabeledWindow:
+    """A window and what happened next: ``outcome`` is ``ok`` or the kind of the first failure within the horizon."""
+
+    window: Window
+    outcome: str
+    hours_to_failure: float | None  # to the machine's next failure at or after the window's end, if one is known
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome != OK
+
+    @property
+    def end_s(self) -> int:
+        return int(self.window.end.timestamp())
+
+
+def build_windows(
+    fleet: Fleet,
+    spec: WindowSpec,
+    *,
+    ends_from_s: int | None = None,
+    ends_before_s: int | None = None,
+    labels_until_s: int | None = None,
+    machines: Sequence[str] | None = None,
+) -> list[LabeledWindow]:
+    """Every labelled window whose end ``b`` lies in ``[ends_from_s, ends_before_s)``, in machine then time order."""
+    labels_until = fleet.last_time_s + 1 if labels_until_s is None else labels_until_s
+    every_s = round(spec.every_h * HOUR_S)
+    window_s = spec.window_h * HOUR_S
+    horizon_s = spec.horizon_h * HOUR_S
+    lookback_s = spec.event_lookback_h * HOUR_S
+    wanted = None if machines is None else set(machines)
+    failures: dict[str, list[Failure]] = {}
+    for f in fleet.failures():
+        failures.setdefault(f.machine_id, []).append(f)
+    table = fleet.table
+    sensors = tuple(table.sensors)
+    out: list[LabeledWindow] = []
+    for machine_id, rows in table.machines():
+        if wanted is not None and machine_id not in wanted:
+            continue
+        times = table.timestamps[rows]
+        values = table.values[rows]
+        events = fleet.events.get(machine_id, [])
+        event_times = np.array([int(e.timestamp.timestamp()) for e in events], dtype=np.int64)
+        attributes = fleet.attributes.get(machine_id, {})
+        machine_failures = failures.get(machine_id, [])
+        failure_times = np.array([f.time_s for f in machine_failures], dtype=np.int64)
+        boundaries = np.unique((times // every_s) * every_s + every_s)
+        if ends_from_s is not None:
+            boundaries = boundaries[boundaries >= ends_from_s]
+        if ends_before_s is not None:
+            boundaries = boundaries[boundaries < ends_before_s]
+        for b in boundaries.tolist():
+            lo = int(np.searchsorted(times, b - window_s, side="left"))
+            hi = int(np.searchsorted(times, b, side="left"))
+            if hi - lo < spec.min_points:
+                continue
+            k = int(np.searchsorted(failure_times, b, side="left"))  # the next failure at or after b
+            nxt = machine_failures[k] if k < len(machine_failures) else None
+            if nxt is not None and nxt.time_s < labels_until and nxt.time_s < b + horizon_s:
+                outcome = nxt.kind
+            elif b + horizon_s <= labels_until:
+                outcome = OK
+            else:
+                continue  # the outcome was still open at labels_until
+            hours_to_failure = None if nxt is None or nxt.time_s >= labels_until else (nxt.time_s - b) / HOUR_S
+            out.append(
+                LabeledWindow(
+                    window=Window(
+                        machine_id=machine_id,
+                        start=datetime.fromtimestamp(b - window_s, UTC),
+                        end=datetime.fromtimestamp(b, UTC),
+                        timestamps=times[lo:hi],
+                        sensors=sensors,
+                        values=values[lo:hi],
+                        events=_context_events(events, event_times, b, lookback_s),
+                        attributes=attributes,
+                    ),
+                    outcome=outcome,
+                    hours_to_failure=hours_to_failure,
+                )
+            )
+    return out
+
+
+def _context_events(events: list[Event], event_times: np.ndarray, end_s: int, lookback_s: float) -> tuple[Event, ...]:
+    """Events before ``end_s`` within the lookback, plus the latest earlier maintenance of each part (the edge rule)."""
+    hi = int(np.searchsorted(event_times, end_s, side="left"))
+    lo = int(np.searchsorted(event_times, end_s - lookback_s, side="left"))
+    recent = events[lo:hi]
+    latest: dict[str, Event] = {}
+    for e in events[:lo]:
+        if e.kind == "maintenance" and e.detail:
+            latest[e.detail] = e
+    older = [e for e in latest.values() if e not in recent]
+    return tuple(sorted([*older, *recent], key=lambda e: e.timestamp))
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """Training windows end before ``validation_from_s``; validation windows end in ``[validation_from_s, until_s)``.
+
+    Every period is half-open: training labels count failures before ``validation_from_s``, validation labels
+    failures before ``until_s``, and a test period that starts at ``until_s`` sees only later failures.
+    """
+
+    validation_from_s: int
+    until_s: int
+
+    def to_json(self) -> dict[str, str]:
+        return {"validation_from": _iso(self.validation_from_s), "until": _iso(self.until_s)}
+
+
+def choose_split(
+    fleet: Fleet, horizon_h: float, *, until_s: int | None = None, fraction: float = 0.2, min_failures: int = 3
+) -> TimeSplit:
+    """A validation period at the end of the data that holds the last ``max(min_failures, fraction)`` failures.
+
+    It starts one horizon before the first of those failures, so that failure's warning windows are validation too.
+    """
+    until = fleet.last_time_s + 1 if until_s is None else until_s
+    failures = [f for f in fleet.failures() if f.time_s < until]
+    needed = max(min_failures, math.ceil(fraction * len(failures)))
+    if len(failures) < needed + 1:
+        raise DatasetError(
+            f"{len(failures)} failure(s) up to {_iso(until)}: training needs at least {needed + 1} "
+            f"({needed} for the validation period, at least one to learn from)"
+        )
+    first_validation_failure = failures[-needed].time_s
+    validation_from = int(first_validation_failure - horizon_h * HOUR_S)
+    return TimeSplit(validation_from_s=validation_from, until_s=until)
+
+
+def split_windows(fleet: Fleet, spec: WindowSpec, split: TimeSplit) -> tuple[list[LabeledWindow], list[LabeledWindow]]:
+    """(training, validation) windows; training labels are known by the validation start, so nothing leaks."""
+    train = build_windows(fleet, spec, ends_before_s=split.validation_from_s, labels_until_s=split.validation_from_s)
+    validation = build_windows(
+        fleet, spec, ends_from_s=split.validation_from_s, ends_before_s=split.until_s, labels_until_s=split.until_s
+    )
+    return train, validation
+
+
+def outcome_counts(windows: Sequence[LabeledWindow]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for w in windows:
+        counts[w.outcome] = counts.get(w.outcome, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def parse_time(value: str) -> int:
+    """``--until`` / ``--since``: ISO 8601 (naive is UTC) or epoch seconds, to epoch seconds."""
+    from contracts.formats import parse_timestamp
+
+    try:
+        return int(parse_timestamp(value).timestamp())
+    except ValueError as err:
+        raise DatasetError(str(err)) from None
+
+
+def _iso(seconds: int) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")

@@ -1,0 +1,398 @@
+"""Window statistics: what the tokenizer quantizes and what the feature-based baselines read.
+
+A window is cut on the clock, not on row counts: it covers ``[end - window_h, end)`` (the edge agent's rule: a window
+ending at boundary ``b`` holds the readings with ``b - length <= t < b``), split into ``blocks`` equal spans. Per block
+and sensor we take the mean, the standard deviation and the slope (per hour) of the scaled values; a block with no
+reading of a sensor gives NaN, which downstream code turns into a "missing" token or leaves to the classifier.
+
+Values are scaled per sensor before any statistic: by the machine's own robust centre and scale where training data
+had enough of that machine, else by the fleet's. Numpy only: the edge tokenizes with this.
+
+>>> import numpy as np
+>>> t = np.arange(6, dtype=np.int64) * 3600
+>>> x = np.array([[0.0], [1.0], [2.0], [3.0], [np.nan], [5.0]])
+>>> stats = block_statistics(x, t, end_s=6 * 3600, window_s=6 * 3600, blocks=2)
+>>> stats["mean"].tolist(), stats["slope"].tolist()
+([[1.0], [4.0]], [[1.0], [1.0]])
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from models.scoring import Window
+
+STATISTICS = ("mean", "std", "slope", "last", "min", "max")
+"""Every statistic :func:`block_statistics` computes; tokenizer settings pick from these."""
+
+HOUR_S = 3600.0
+
+
+def aligned_values(window: Window, sensors: Sequence[str]) -> np.ndarray:
+    """The window's values ``(T, len(sensors))`` as float64 in the given sensor order; NaN where a sensor is absent.
+
+    Sensors the window has but ``sensors`` lacks are dropped: a model only reads the sensors it was trained on.
+    """
+    out = np.full((len(window.timestamps), len(sensors)), np.nan, dtype=np.float64)
+    position = {name: j for j, name in enumerate(window.sensors)}
+    for j, name in enumerate(sensors):
+        k = position.get(name)
+        if k is not None:
+            out[:, j] = window.values[:, k]
+    return out
+
+
+@dataclass(frozen=True)
+class SensorScaling:
+    """Robust centre and scale per sensor, for the fleet and for each machine training data had enough of.
+
+    ``scaled = (value - centre) / scale``. Centre is the median, scale the interquartile range / 1.349 (the standard
+    deviation for normal data); where that is zero, the standard deviation. A machine unseen in training is scaled by
+    the fleet's figures.
+    """
+
+    sensors: tuple[str, ...]
+    center: np.ndarray  # (S,)
+    scale: np.ndarray  # (S,)
+    machines: Mapping[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # id -> (center, scale)
+
+    @classmethod
+    def fit(
+        cls,
+        rows_by_machine: Mapping[str, np.ndarray],
+        sensors: Sequence[str],
+        *,
+        per_machine: bool,
+        min_machine_rows: int = 50,
+    ) -> SensorScaling:
+        """Fit on each machine's training rows ``(N_m, S)`` (each row once, columns in ``sensors`` order)."""
+        if not rows_by_machine:
+            raise ValueError("SensorScaling.fit needs the rows of at least one machine")
+        all_rows = np.concatenate([np.asarray(r, dtype=np.float64) for r in rows_by_machine.values()])
+        center, scale = _robust(all_rows)
+        machines: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        if per_machine:
+            for machine_id in sorted(rows_by_machine):
+                rows = np.asarray(rows_by_machine[machine_id], dtype=np.float64)
+                if len(rows) < min_machine_rows:
+                    continue
+                m_center, m_scale = _robust(rows)
+                enough = np.sum(np.isfinite(rows), axis=0) >= min_machine_rows
+                m_center = np.where(enough & np.isfinite(m_center), m_center, center)
+                m_scale = np.where(enough & np.isfinite(m_scale) & (m_scale > 0), m_scale, scale)
+                machines[machine_id] = (m_center, m_scale)
+        return cls(tuple(sensors), center, scale, machines)
+
+    def apply(self, window: Window) -> np.ndarray:
+        """The window's values in this scaling's sensor order, scaled: ``(T, S)`` float64."""
+        values = aligned_values(window, self.sensors)
+        center, scale = self.machines.get(window.machine_id, (self.center, self.scale))
+        safe = np.where(scale > 0, scale, 1.0)
+        return (values - center) / safe
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "sensors": list(self.sensors),
+            "center": _floats(self.center),
+            "scale": _floats(self.scale),
+            "machines": {m: {"center": _floats(c), "scale": _floats(s)} for m, (c, s) in sorted(self.machines.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> SensorScaling:
+        try:
+            machines = {
+                str(m): (_array(v["center"]), _array(v["scale"]))  # type: ignore[index]
+                for m, v in dict(data["machines"]).items()  # type: ignore[call-overload]
+            }
+            return cls(
+                tuple(data["sensors"]),  # type: ignore[arg-type]
+                _array(data["center"]),
+                _array(data["scale"]),
+                machines,
+            )
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"scaling config is malformed: {err!r}") from None
+
+
+def _floats(values: np.ndarray) -> list[float | None]:
+    return [float(v) if math.isfinite(v) else None for v in np.asarray(values, dtype=np.float64)]
+
+
+def _array(values: object) -> np.ndarray:
+    return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)  # type: ignore[attr-defined]
+
+
+def _robust(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    with warnings.catch_warnings():
+        # An all-missing column gives NaN centre and scale: expected, handled by the caller.
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+        center = np.nanmedian(rows, axis=0)
+        q75, q25 = np.nanpercentile(rows, [75, 25], axis=0)
+        scale = (q75 - q25) / 1.349
+        std = np.nanstd(rows, axis=0)
+    scale = np.where(np.isfinite(scale) & (scale > 0), scale, std)
+    return center, scale
+
+
+def distinct_rows(windows: Sequence[Window], sensors: Sequence[str]) -> dict[str, np.ndarray]:
+    """Each machine's rows ``(N_m, S)`` across (overlapping) windows, each instant once, in ``sensors`` order."""
+    times: dict[str, list[np.ndarray]] = {}
+    values: dict[str, list[np.ndarray]] = {}
+    for w in windows:
+        times.setdefault(w.machine_id, []).append(np.asarray(w.timestamps))
+        values.setdefault(w.machine_id, []).append(aligned_values(w, sensors))
+    rows: dict[str, np.ndarray] = {}
+    for machine_id in sorted(times):
+        t = np.concatenate(times[machine_id])
+        _, first = np.unique(t, return_index=True)  # overlapping windows repeat rows: keep each once
+        if len(first):
+            rows[machine_id] = np.concatenate(values[machine_id])[first]
+    return rows
+
+
+def informative_sensors(rows_by_machine: Mapping[str, np.ndarray], sensors: Sequence[str]) -> list[str]:
+    """Sensors with at least two distinct values: a constant says nothing about failures."""
+    rows = np.concatenate(list(rows_by_machine.values()))
+    keep = []
+    for j, name in enumerate(sensors):
+        column = rows[:, j][np.isfinite(rows[:, j])]
+        if len(column) >= 2 and float(column.max() - column.min()) > 0:
+            keep.append(name)
+    return keep
+
+
+def fit_scaling(windows: Sequence[Window], *, per_machine: bool, min_machine_rows: int = 50) -> SensorScaling:
+    """Scaling for the informative sensors of training windows (constant sensors dropped)."""
+    if not windows:
+        raise ValueError("fit_scaling needs at least one training window")
+    sensors = sorted({name for w in windows for name in w.sensors})
+    rows = distinct_rows(windows, sensors)
+    keep = informative_sensors(rows, sensors)
+    if not keep:
+        raise ValueError(f"no sensor varies in the training windows (sensors: {', '.join(sensors) or 'none'})")
+    columns = [sensors.index(n) for n in keep]
+    return SensorScaling.fit(
+        {m: r[:, columns] for m, r in rows.items()}, keep, per_machine=per_machine, min_machine_rows=min_machine_rows
+    )
+
+
+def window_rows(timestamps: np.ndarray, end_s: int, window_s: float) -> slice:
+    """The rows of ascending ``timestamps`` inside ``[end_s - window_s, end_s)``."""
+    lo = int(np.searchsorted(timestamps, end_s - window_s, side="left"))
+    hi = int(np.searchsorted(timestamps, end_s, side="left"))
+    return slice(lo, hi)
+
+
+def block_statistics(
+    values: np.ndarray, timestamps: np.ndarray, *, end_s: int, window_s: float, blocks: int
+) -> dict[str, np.ndarray]:
+    """Statistic name -> ``(blocks, S)`` array over the window ``[end_s - window_s, end_s)``; NaN where undefined.
+
+    ``std`` needs two readings in the block and ``slope`` two distinct times; ``slope`` is per hour.
+    """
+    if blocks < 1:
+        raise ValueError(f"blocks must be at least 1, got {blocks}")
+    n_sensors = values.shape[1]
+    out = {name: np.full((blocks, n_sensors), np.nan) for name in STATISTICS}
+    rows = window_rows(timestamps, end_s, window_s)
+    t_all = timestamps[rows].astype(np.float64)
+    x_all = values[rows]
+    if len(t_all) == 0:
+        return out
+    start = end_s - window_s
+    which = np.minimum(((t_all - start) / window_s * blocks).astype(np.int64), blocks - 1)
+    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+        for b in range(blocks):
+            in_block = which == b
+            if not in_block.any():
+                continue
+            x = x_all[in_block]  # (n, S)
+            t = (t_all[in_block] / HOUR_S)[:, None]  # (n, 1) hours
+            seen = np.isfinite(x)
+            count = seen.sum(axis=0)  # (S,)
+            filled = np.where(seen, x, 0.0)
+            mean = filled.sum(axis=0) / count
+            out["mean"][b] = mean
+            dev = np.where(seen, x - mean, 0.0)
+            out["std"][b] = np.where(count >= 2, np.sqrt((dev**2).sum(axis=0) / count), np.nan)
+            t_mean = np.where(seen, t, 0.0).sum(axis=0) / count
+            t_dev = np.where(seen, t - t_mean, 0.0)
+            t_var = (t_dev**2).sum(axis=0)
+            out["slope"][b] = np.where((count >= 2) & (t_var > 0), (t_dev * dev).sum(axis=0) / t_var, np.nan)
+            out["min"][b] = np.where(count > 0, np.where(seen, x, np.inf).min(axis=0), np.nan)
+            out["max"][b] = np.where(count > 0, np.where(seen, x, -np.inf).max(axis=0), np.nan)
+            last_row = np.where(seen, np.arange(len(x))[:, None], -1).max(axis=0)  # (S,)
+            out["last"][b] = np.where(last_row >= 0, x[np.maximum(last_row, 0), np.arange(n_sensors)], np.nan)
+    return out
+
+
+def window_statistics(
+    values: np.ndarray, timestamps: np.ndarray, *, end_s: int, window_s: float
+) -> dict[str, np.ndarray]:
+    """The same statistics over the whole window: name -> ``(S,)``."""
+    return {k: v[0] for k, v in block_statistics(values, timestamps, end_s=end_s, window_s=window_s, blocks=1).items()}
+
+
+# --- context: what happened to the machine, from its events -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WindowContext:
+    """What a window's events say, in hours before the window's end.
+
+    ``recent_errors`` are error codes before the window's start within the lookback, oldest first; ``window_events``
+    are the events inside the window as (block, event text), oldest first.
+    """
+
+    hours_since_maintenance: dict[str, float]
+    hours_since_failure: float | None
+    recent_errors: tuple[str, ...]
+    window_events: tuple[tuple[int, str], ...]
+    hour_of_day: int
+
+
+def window_context(window: Window, *, window_h: float, blocks: int, event_lookback_h: float) -> WindowContext:
+    end_s = window.end.timestamp()
+    start_s = end_s - window_h * HOUR_S
+    maintenance: dict[str, float] = {}
+    last_failure: float | None = None
+    recent: list[str] = []
+    inside: list[tuple[int, str]] = []
+    for event in sorted(window.events, key=lambda e: e.timestamp):
+        t = event.timestamp.timestamp()
+        if t >= end_s:
+            continue  # the future is not context, whatever the caller passed in
+        age_h = (end_s - t) / HOUR_S
+        if event.kind == "maintenance" and event.detail:
+            maintenance[event.detail] = age_h
+        if event.kind == "failure":
+            last_failure = age_h
+        if t >= start_s:
+            block = min(int((t - start_s) / (window_h * HOUR_S) * blocks), blocks - 1)
+            inside.append((block, event.event))
+        elif event.kind == "error" and event.detail and age_h <= window_h + event_lookback_h:
+            recent.append(event.detail)
+    return WindowContext(
+        hours_since_maintenance=maintenance,
+        hours_since_failure=last_failure,
+        recent_errors=tuple(recent),
+        window_events=tuple(inside),
+        hour_of_day=window.end.hour,
+    )
+
+
+# --- a fixed-length feature vector, for classifiers -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """How :func:`feature_matrix` reads windows: the same cut and scaling the tokenizer uses, as continuous numbers."""
+
+    scaling: SensorScaling
+    window_h: float
+    blocks: int = 3
+    event_lookback_h: float = 72.0
+    maintenance_parts: tuple[str, ...] = ()
+    error_codes: tuple[str, ...] = ()
+    numeric_attributes: tuple[str, ...] = ()
+
+    @classmethod
+    def from_training(
+        cls,
+        windows: Sequence[Window],
+        *,
+        window_h: float,
+        blocks: int = 3,
+        per_machine: bool = True,
+        event_lookback_h: float = 72.0,
+        max_error_codes: int = 32,
+    ) -> FeatureSpec:
+        """Scaling, maintenance parts, frequent error codes and numeric attributes, from training windows only."""
+        errors: dict[str, int] = {}
+        for w in windows:
+            for e in w.events:
+                if e.kind == "error" and e.detail:
+                    errors[e.detail] = errors.get(e.detail, 0) + 1
+        frequent = sorted(errors, key=lambda c: (-errors[c], c))[:max_error_codes]
+        attributes: dict[str, set[float]] = {}
+        for w in windows:
+            for key, value in w.attributes.items():
+                attributes.setdefault(key, set()).add(_number_or_nan(value))
+        return cls(
+            scaling=fit_scaling(windows, per_machine=per_machine),
+            window_h=window_h,
+            blocks=blocks,
+            event_lookback_h=event_lookback_h,
+            maintenance_parts=tuple(
+                sorted({e.detail for w in windows for e in w.events if e.kind == "maintenance" and e.detail})
+            ),
+            error_codes=tuple(sorted(frequent)),
+            numeric_attributes=tuple(
+                sorted(k for k, v in attributes.items() if len(v) > 1 and all(math.isfinite(x) for x in v))
+            ),
+        )
+
+    def names(self) -> list[str]:
+        names = [f"{s}:w{stat}" for stat in STATISTICS for s in self.scaling.sensors]
+        names += [
+            f"{s}:b{b}{stat}"
+            for stat in ("mean", "std", "slope")
+            for b in range(self.blocks)
+            for s in self.scaling.sensors
+        ]
+        names += [f"maintenance:{p}:hours" for p in self.maintenance_parts]
+        names += ["failure:hours", "errors:recent", "errors:window", "events:window", "hour_of_day"]
+        names += [f"error:{c}:count" for c in self.error_codes]
+        names += [f"attr:{a}" for a in self.numeric_attributes]
+        return names
+
+
+def feature_vector(window: Window, spec: FeatureSpec) -> np.ndarray:
+    """One row of window statistics, context and attributes; NaN where undefined (gradient boosting handles NaN)."""
+    values = spec.scaling.apply(window)
+    end_s = int(window.end.timestamp())
+    window_s = spec.window_h * HOUR_S
+    whole = window_statistics(values, window.timestamps, end_s=end_s, window_s=window_s)
+    per_block = block_statistics(values, window.timestamps, end_s=end_s, window_s=window_s, blocks=spec.blocks)
+    context = window_context(window, window_h=spec.window_h, blocks=spec.blocks, event_lookback_h=spec.event_lookback_h)
+    window_errors = [e for _, e in context.window_events if e.startswith("error:")]
+    all_errors = [*context.recent_errors, *(e.split(":", 1)[1] for e in window_errors)]
+    parts: list[Iterable[float]] = [
+        *(whole[stat] for stat in STATISTICS),
+        *(per_block[stat].reshape(-1) for stat in ("mean", "std", "slope")),
+        [context.hours_since_maintenance.get(p, np.nan) for p in spec.maintenance_parts],
+        [
+            np.nan if context.hours_since_failure is None else context.hours_since_failure,
+            len(context.recent_errors),
+            len(window_errors),
+            len(context.window_events),
+            context.hour_of_day,
+        ],
+        [sum(1 for e in all_errors if e == code) for code in spec.error_codes],
+        [_number_or_nan(window.attributes.get(a)) for a in spec.numeric_attributes],
+    ]
+    return np.concatenate([np.asarray(list(p), dtype=np.float64) for p in parts])
+
+
+def feature_matrix(windows: Sequence[Window], spec: FeatureSpec) -> np.ndarray:
+    """:func:`feature_vector` for each window: ``(N, F)``."""
+    if not windows:
+        return np.zeros((0, len(spec.names())))
+    return np.stack([feature_vector(w, spec) for w in windows])
+
+
+def _number_or_nan(value: str | None) -> float:
+    if value is None:
+        return np.nan
+    try:
+        number = float(value)
+    except ValueError:
+        return np.nan
+    return number if math.isfinite(number) else np.nan

@@ -1,0 +1,602 @@
+"""Telemetry as language: a machine's window becomes a sequence of token ids, ending with the question.
+
+The sequence, oldest to newest::
+
+    <bos> attr:model=X5 maint:bearing#a07 lastfail=never tod:3 err:E12      context: who the machine is, what happened
+    <b0> s1:mean04 s1:std02 s1:slope09 s2:mean_ ... ev:error:E7           each block: per sensor, binned statistics,
+    <b1> ...                                                               then the block's events in time order
+    <trend> s1:wslope12 ...                                                optional whole-window statistics
+    <horizon:24h>                                                          the question; the NEXT token is the answer:
+                                                                           <ok>, <failure> or <failure:KIND>
+
+- Values are scaled per machine and sensor (robust centre and scale from the machine's training rows; the fleet's for
+  a machine training never saw), then each statistic is cut into quantile bins fitted on training windows only.
+  ``s2:mean_`` says "no reading in this block": missing values are tokens, not errors. Sensors a window has but
+  training did not are ignored; sensors constant in training carry no information and get no tokens.
+- Context tokens: static attributes (categorical values, or quantile bins for numeric ones; attributes constant in
+  training or unique per machine are dropped), hours since the last maintenance of each part and since the last
+  failure (log-spaced bins), the most recent error codes before the window, and the hour of day.
+- The sequence never exceeds ``max_length``: the fixed part (context, blocks, statistics) is checked at fit time;
+  events and recent errors, which vary, are trimmed oldest first to fit.
+
+Saved as a Hugging Face ``tokenizer.json`` (WordLevel; its vocab holds every token, so ``tokenizers`` alone can map
+ids to text) plus ``tokenizer_config.json`` (the usual Hugging Face keys and, under ``precursor_telemetry``, the
+settings, scaling and bins). :attr:`TelemetryTokenizer.content_hash` is the sha256 of both, so a tokenizer is
+versioned by what it does. Imports numpy, tokenizers and our own contracts only: the edge uses this file.
+
+Window boundaries follow the edge agent's rule: a window covers ``[end - window_h, end)``; rows before that are
+ignored, so a caller may pass a longer buffer. The window's ``events`` should hold at least the events within
+``window_h + event_lookback_h`` before its end and the latest maintenance of each part.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+
+from models.features import (
+    HOUR_S,
+    SensorScaling,
+    block_statistics,
+    fit_scaling,
+    window_context,
+)
+from models.outcome import OK, outcome_token
+from models.scoring import ANY_FAILURE, Window
+
+TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILE = "tokenizer_config.json"
+CONFIG_KEY = "precursor_telemetry"
+FORMAT = "precursor-telemetry-tokenizer/1"
+
+PAD, UNK, BOS, TREND = "<pad>", "<unk>", "<bos>", "<trend>"
+AGE_EDGES_H = (1.0, 3.0, 6.0, 12.0, 24.0, 48.0, 96.0, 168.0, 336.0, 720.0, 1440.0, 2880.0, 4320.0, 8760.0)
+"""Bins for "hours since": fixed and log-spaced, from an hour to a year (15 bins)."""
+TIME_TO_FAILURE_FRACTIONS = (0.25, 0.5, 0.75, 1.0, 2.0, 4.0)
+"""Buckets, in horizons, of the hours to the next failure: what training asks after the outcome (``<next:B>``)."""
+HOUR_OF_DAY_BUCKETS = 8
+MAX_CATEGORICAL_VALUES = 32
+MAX_ERROR_CODES = 64
+NUMERIC_ATTRIBUTE_BINS = 8
+MAX_FIT_WINDOWS = 20_000
+
+Statistic = Literal["mean", "std", "slope", "last", "min", "max"]
+
+
+class TokenizerError(ValueError):
+    """A tokenizer that cannot be fitted, saved or loaded as asked; the text says which setting or file is wrong."""
+
+
+class TokenizerSettings(BaseModel):
+    """What a tokenizer is asked to do. Everything it learns from data is kept apart, in the fitted state."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    horizon_h: Annotated[float, Field(gt=0, le=24 * 365)]
+    window_h: Annotated[float, Field(gt=0, le=24 * 365)]
+    blocks: Annotated[int, Field(ge=1, le=32)] = 3
+    bins: Annotated[int, Field(ge=2, le=64)] = 16
+    block_stats: tuple[Statistic, ...] = ("mean", "std", "slope")
+    window_stats: tuple[Statistic, ...] = ()
+    scaling: Literal["machine", "fleet"] = "machine"
+    max_length: Annotated[int, Field(ge=8, le=8192)] = 256
+    event_lookback_h: Annotated[float, Field(ge=0)] = 72.0
+    max_recent_errors: Annotated[int, Field(ge=0, le=64)] = 4
+    max_events_per_block: Annotated[int, Field(ge=0, le=64)] = 4
+    min_machine_rows: Annotated[int, Field(ge=2)] = 50
+
+    @model_validator(mode="after")
+    def _some_statistic(self) -> TokenizerSettings:
+        if not self.block_stats and not self.window_stats:
+            raise ValueError("block_stats and window_stats are both empty: the model would see no sensor values")
+        return self
+
+    @property
+    def horizon_token(self) -> str:
+        return f"<horizon:{self.horizon_h:g}h>"
+
+
+@dataclass(frozen=True)
+class AttributeCoding:
+    """How one static attribute becomes a token: by value (``values``) or by quantile bin (``edges``)."""
+
+    key: str
+    values: tuple[str, ...] = ()
+    edges: tuple[float, ...] | None = None
+
+    def token(self, value: str | None) -> str:
+        if value is not None and self.edges is not None:
+            number = _as_float(value)
+            if number is not None:
+                return f"attr:{_clean(self.key)}#{int(np.searchsorted(self.edges, number, side='right'))}"
+        elif value is not None and _clean(value) in self.values:
+            return f"attr:{_clean(self.key)}={_clean(value)}"
+        return f"attr:{_clean(self.key)}=?"
+
+    def vocabulary(self) -> list[str]:
+        name = _clean(self.key)
+        if self.edges is not None:
+            own = [f"attr:{name}#{b}" for b in range(len(self.edges) + 1)]
+        else:
+            own = [f"attr:{name}={v}" for v in self.values]
+        return [*own, f"attr:{name}=?"]
+
+
+@dataclass(frozen=True)
+class FittedState:
+    """What a tokenizer learned from training data."""
+
+    scaling: SensorScaling
+    edges: Mapping[str, tuple[tuple[float, ...], ...]]  # "mean" / "wslope" -> per sensor, ascending bin edges
+    failure_kinds: tuple[str, ...]  # named kinds; the unnamed "failure" is always an outcome too
+    attributes: tuple[AttributeCoding, ...]
+    maintenance_parts: tuple[str, ...]
+    error_codes: tuple[str, ...]
+
+
+class TelemetryTokenizer:
+    """Windows to token ids. Fit on training windows, then :meth:`encode` any window (edge and cloud alike).
+
+    >>> tok = TelemetryTokenizer(TokenizerSettings(horizon_h=24, window_h=6))
+    >>> tok.is_fitted
+    False
+    """
+
+    def __init__(self, settings: TokenizerSettings) -> None:
+        self.settings = settings
+        self._state: FittedState | None = None
+        self._hf: Tokenizer | None = None
+        self._vocab: dict[str, int] = {}
+
+    # --- fitting --------------------------------------------------------------------------------------------------
+
+    def fit(self, windows: Sequence[Window], failure_kinds: Iterable[str] = ()) -> None:
+        """Learn sensors, scaling, bins and context vocabularies from training windows (and the failure kinds seen).
+
+        ``failure_kinds`` are the outcome kinds of the training labels (``"failure"`` for unnamed failures).
+        """
+        if not windows:
+            raise TokenizerError("fit needs at least one training window")
+        s = self.settings
+        try:
+            scaling = fit_scaling(windows, per_machine=s.scaling == "machine", min_machine_rows=s.min_machine_rows)
+        except ValueError as err:
+            raise TokenizerError(str(err)) from None
+        informative = scaling.sensors
+        edges = self._fit_edges(windows, scaling)
+        kinds = sorted({k for k in failure_kinds if k not in (OK, ANY_FAILURE)})
+        for w in windows:
+            kinds.extend(e.detail for e in w.events if e.kind == "failure" and e.detail)
+        state = FittedState(
+            scaling=scaling,
+            edges=edges,
+            failure_kinds=tuple(sorted(set(kinds))),
+            attributes=_fit_attributes(windows),
+            maintenance_parts=tuple(
+                sorted({e.detail for w in windows for e in w.events if e.kind == "maintenance" and e.detail})
+            ),
+            error_codes=_frequent(
+                (e.detail for w in windows for e in w.events if e.kind == "error" and e.detail), MAX_ERROR_CODES
+            ),
+        )
+        self._install(state)
+        fixed = self.fixed_length
+        if fixed > s.max_length:
+            raise TokenizerError(
+                f"the fixed part of a sequence is {fixed} tokens ({len(informative)} sensors x "
+                f"({s.blocks} blocks x {len(s.block_stats)} block_stats + {len(s.window_stats)} window_stats) plus "
+                f"context), more than max_length={s.max_length}: use fewer blocks or statistics, or a larger max_length"
+            )
+
+    def _fit_edges(self, windows: Sequence[Window], scaling: SensorScaling) -> dict[str, tuple[tuple[float, ...], ...]]:
+        s = self.settings
+        step = max(1, math.ceil(len(windows) / MAX_FIT_WINDOWS))
+        samples: dict[str, list[np.ndarray]] = {}
+        for w in windows[::step]:
+            for name, stats in self._statistics(w, scaling).items():
+                samples.setdefault(name, []).append(stats)
+        edges: dict[str, tuple[tuple[float, ...], ...]] = {}
+        quantiles = np.arange(1, s.bins) / s.bins
+        for name, parts in samples.items():
+            data = np.concatenate(parts)  # (n, S)
+            per_sensor = []
+            for j in range(data.shape[1]):
+                column = data[:, j][np.isfinite(data[:, j])]
+                cut = np.unique(np.quantile(column, quantiles)) if len(column) else np.array([])
+                per_sensor.append(tuple(float(v) for v in cut))
+            edges[name] = tuple(per_sensor)
+        return edges
+
+    def _statistics(self, window: Window, scaling: SensorScaling) -> dict[str, np.ndarray]:
+        """Statistic key -> ``(n, S)``: block statistics as ``mean`` etc. (n = blocks), window ones as ``wmean``."""
+        s = self.settings
+        values = scaling.apply(window)
+        end_s = int(window.end.timestamp())
+        window_s = s.window_h * HOUR_S
+        out: dict[str, np.ndarray] = {}
+        if s.block_stats:
+            per_block = block_statistics(values, window.timestamps, end_s=end_s, window_s=window_s, blocks=s.blocks)
+            out.update({stat: per_block[stat] for stat in s.block_stats})
+        if s.window_stats:
+            whole = block_statistics(values, window.timestamps, end_s=end_s, window_s=window_s, blocks=1)
+            out.update({f"w{stat}": whole[stat] for stat in s.window_stats})
+        return out
+
+    # --- vocabulary -----------------------------------------------------------------------------------------------
+
+    def _install(self, state: FittedState) -> None:
+        self._state = state
+        tokens = self._vocabulary(state)
+        self._vocab = {t: i for i, t in enumerate(tokens)}
+        hf = Tokenizer(WordLevel(self._vocab, unk_token=UNK))
+        hf.pre_tokenizer = WhitespaceSplit()
+        self._hf = hf
+        self._sensor_ids = self._sensor_id_table(state)
+        self._edge_table = {
+            key: np.array(
+                [list(e) + [np.inf] * (self.settings.bins - 1 - len(e)) for e in edges], dtype=np.float64
+            ).reshape(len(edges), self.settings.bins - 1)
+            for key, edges in state.edges.items()
+        }
+
+    def _vocabulary(self, state: FittedState) -> list[str]:
+        s = self.settings
+        tokens = [PAD, UNK, BOS, s.horizon_token, outcome_token(OK), outcome_token(ANY_FAILURE)]
+        tokens += [outcome_token(k) for k in state.failure_kinds]
+        tokens += [f"<next:{b}>" for b in range(len(TIME_TO_FAILURE_FRACTIONS) + 1)] + ["<next:?>"]
+        tokens += [f"<b{b}>" for b in range(s.blocks)] + [TREND]
+        tokens += [f"tod:{h}" for h in range(HOUR_OF_DAY_BUCKETS)]
+        tokens += [t for a in state.attributes for t in a.vocabulary()]
+        for part in state.maintenance_parts:
+            tokens += [f"maint:{part}#a{b:02d}" for b in range(len(AGE_EDGES_H) + 1)] + [f"maint:{part}=never"]
+        tokens += [f"lastfail#a{b:02d}" for b in range(len(AGE_EDGES_H) + 1)] + ["lastfail=never"]
+        tokens += [f"err:{c}" for c in state.error_codes] + ["err:?"]
+        tokens += [f"ev:error:{c}" for c in state.error_codes] + ["ev:error:?"]
+        tokens += [f"ev:maintenance:{p}" for p in state.maintenance_parts] + ["ev:maintenance:?"]
+        tokens += ["ev:failure", *(f"ev:failure:{k}" for k in state.failure_kinds), "ev:failure:?", "ev:anomaly"]
+        for key in self._statistic_keys():
+            for sensor in state.scaling.sensors:
+                tokens += [f"{sensor}:{key}{b:02d}" for b in range(s.bins)] + [f"{sensor}:{key}_"]
+        if len(set(tokens)) != len(tokens):
+            duplicated = sorted(t for t, n in Counter(tokens).items() if n > 1)
+            raise TokenizerError(f"token names collide: {duplicated[:5]} (rename the sensors or parts involved)")
+        return tokens
+
+    def _statistic_keys(self) -> list[str]:
+        return [*self.settings.block_stats, *(f"w{stat}" for stat in self.settings.window_stats)]
+
+    def _sensor_id_table(self, state: FittedState) -> dict[str, np.ndarray]:
+        """Statistic key -> ``(S, bins + 1)`` token ids; the last column is the "missing" token."""
+        table = {}
+        for key in self._statistic_keys():
+            table[key] = np.array(
+                [
+                    [self._vocab[f"{sensor}:{key}{b:02d}"] for b in range(self.settings.bins)]
+                    + [self._vocab[f"{sensor}:{key}_"]]
+                    for sensor in state.scaling.sensors
+                ],
+                dtype=np.int64,
+            )
+        return table
+
+    # --- encoding -------------------------------------------------------------------------------------------------
+
+    @property
+    def is_fitted(self) -> bool:
+        return self._state is not None
+
+    @property
+    def state(self) -> FittedState:
+        if self._state is None:
+            raise TokenizerError("the tokenizer is not fitted: call fit(windows) or TelemetryTokenizer.load(dir)")
+        return self._state
+
+    @property
+    def vocab_size(self) -> int:
+        self.state  # noqa: B018 -- raises a clear error when not fitted
+        return len(self._vocab)
+
+    @property
+    def sensors(self) -> tuple[str, ...]:
+        return self.state.scaling.sensors
+
+    @property
+    def pad_id(self) -> int:
+        return self._vocab[PAD] if self._vocab else 0
+
+    @property
+    def bos_id(self) -> int:
+        return self._vocab[BOS]
+
+    @property
+    def horizon_id(self) -> int:
+        return self._vocab[self.settings.horizon_token]
+
+    @property
+    def body_start_ids(self) -> frozenset[int]:
+        """Ids that open a window's body, after the context: the first block marker, or ``<trend>``."""
+        return frozenset({self._vocab["<b0>"], self._vocab[TREND]})
+
+    @property
+    def outcome_tokens(self) -> dict[str, int]:
+        """``"ok"``, ``"failure"`` (unnamed or any kind) and each named failure kind -> its token id."""
+        kinds = [OK, ANY_FAILURE, *self.state.failure_kinds]
+        return {k: self._vocab[outcome_token(k)] for k in kinds}
+
+    def time_to_failure_token(self, hours: float | None) -> str:
+        """``<next:B>``: the bucket of hours to the machine's next failure (``<next:?>`` when unknown).
+
+        Training asks for it after the outcome token, so the model learns how near a failure is, not only whether
+        it falls inside the horizon; scoring never reads it.
+        """
+        if hours is None:
+            return "<next:?>"
+        edges = np.array(TIME_TO_FAILURE_FRACTIONS) * self.settings.horizon_h
+        return f"<next:{int(np.searchsorted(edges, hours, side='right'))}>"
+
+    def time_to_failure_id(self, hours: float | None) -> int:
+        self.state  # noqa: B018 -- raises a clear error when not fitted
+        return self._vocab[self.time_to_failure_token(hours)]
+
+    def outcome_id(self, outcome: str) -> int:
+        """The token id of a label (``"ok"``, ``"failure"`` or a kind); a kind unseen in training counts as unnamed."""
+        tokens = self.outcome_tokens
+        return tokens.get(outcome, tokens[ANY_FAILURE])
+
+    @property
+    def fixed_length(self) -> int:
+        """Tokens every sequence has, whatever its events: the budget left over goes to events and errors."""
+        s, state = self.settings, self.state
+        n = len(state.scaling.sensors)
+        context = 1 + len(state.attributes) + len(state.maintenance_parts) + 1 + 1  # bos, attrs, parts, lastfail, tod
+        body = s.blocks * (1 + n * len(s.block_stats)) if s.block_stats else 0
+        trend = 1 + n * len(s.window_stats) if s.window_stats else 0
+        return context + body + trend + 1  # + horizon
+
+    def encode(self, window: Window) -> list[int]:
+        """The window as token ids, at most ``max_length`` long, ending with the horizon token."""
+        return [self._vocab[t] if isinstance(t, str) else t for t in self._tokens(window)]
+
+    def encode_many(self, windows: Iterable[Window]) -> list[list[int]]:
+        return [self.encode(w) for w in windows]
+
+    def tokens(self, window: Window) -> list[str]:
+        """The window as token text (for reading and debugging); ``encode`` gives the ids of these."""
+        return self.decode(self.encode(window))
+
+    def vocabulary_tokens(self) -> list[str]:
+        """Every token, in id order."""
+        self.state  # noqa: B018 -- raises a clear error when not fitted
+        return sorted(self._vocab, key=self._vocab.__getitem__)
+
+    def decode(self, ids: Sequence[int]) -> list[str]:
+        self.state  # noqa: B018 -- raises a clear error when not fitted
+        assert self._hf is not None
+        return [self._hf.id_to_token(int(i)) or UNK for i in ids]
+
+    def _tokens(self, window: Window) -> list[str | int]:
+        s, state = self.settings, self.state
+        context = window_context(window, window_h=s.window_h, blocks=s.blocks, event_lookback_h=s.event_lookback_h)
+        head: list[str | int] = [BOS]
+        head += [a.token(window.attributes.get(a.key)) for a in state.attributes]
+        for part in state.maintenance_parts:
+            age = context.hours_since_maintenance.get(part)
+            head.append(f"maint:{part}=never" if age is None else f"maint:{part}#a{_age_bin(age):02d}")
+        failure_age = context.hours_since_failure
+        head.append("lastfail=never" if failure_age is None else f"lastfail#a{_age_bin(failure_age):02d}")
+        head.append(f"tod:{context.hour_of_day * HOUR_OF_DAY_BUCKETS // 24}")
+
+        events_by_block: list[list[str]] = [[] for _ in range(s.blocks)]
+        for block, text in context.window_events:
+            events_by_block[block].append(self._event_token(text))
+        events_by_block = [b[-s.max_events_per_block :] if s.max_events_per_block else [] for b in events_by_block]
+        recent = [f"err:{c}" if c in state.error_codes else "err:?" for c in context.recent_errors]
+        recent = recent[-s.max_recent_errors :] if s.max_recent_errors else []
+        budget = s.max_length - self.fixed_length
+        # Trim the variable part, oldest first, until it fits: recent errors before events inside the window.
+        while len(recent) + sum(len(b) for b in events_by_block) > budget:
+            if recent:
+                recent.pop(0)
+            else:
+                next(b for b in events_by_block if b).pop(0)
+        head += recent
+
+        stats = self._statistics(window, state.scaling)
+        ids: dict[str, np.ndarray] = {}
+        for key, values in stats.items():
+            edges = self._edge_table[key]  # (S, bins - 1), padded with +inf
+            with np.errstate(invalid="ignore"):
+                # The number of edges <= value: numpy's searchsorted(side="right"), for every sensor at once.
+                bins = (values[:, :, None] >= edges[None, :, :]).sum(axis=2)  # (n, S)
+            bins = np.where(np.isfinite(values), bins, s.bins)  # the last column is the "missing" token
+            ids[key] = self._sensor_ids[key][np.arange(values.shape[1])[None, :], bins]  # (n, S)
+
+        body: list[str | int] = []
+        for b in range(s.blocks if s.block_stats else 0):
+            body.append(f"<b{b}>")
+            per_sensor = np.stack([ids[stat][b] for stat in s.block_stats], axis=1)  # (S, K): sensor-major
+            body += per_sensor.reshape(-1).tolist()
+            body += events_by_block[b]
+        if s.window_stats:
+            body.append(TREND)
+            body += np.stack([ids[f"w{stat}"][0] for stat in s.window_stats], axis=1).reshape(-1).tolist()
+            if not s.block_stats:
+                body += [e for block in events_by_block for e in block]
+        return [*head, *body, s.horizon_token]
+
+    def _event_token(self, text: str) -> str:
+        state = self.state
+        kind, _, detail = text.partition(":")
+        if kind == "error":
+            return f"ev:error:{detail}" if detail in state.error_codes else "ev:error:?"
+        if kind == "maintenance":
+            return f"ev:maintenance:{detail}" if detail in state.maintenance_parts else "ev:maintenance:?"
+        if kind == "failure":
+            if not detail:
+                return "ev:failure"
+            return f"ev:failure:{detail}" if detail in state.failure_kinds else "ev:failure:?"
+        return "ev:anomaly"
+
+    # --- persistence ----------------------------------------------------------------------------------------------
+
+    def config(self) -> dict[str, Any]:
+        """The ``tokenizer_config.json`` content: Hugging Face's usual keys plus our settings and fitted state."""
+        state = self.state
+        return {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": self.settings.max_length,
+            "pad_token": PAD,
+            "unk_token": UNK,
+            "bos_token": BOS,
+            "padding_side": "right",
+            "truncation_side": "left",
+            CONFIG_KEY: {
+                "format": FORMAT,
+                "settings": self.settings.model_dump(mode="json"),
+                "scaling": state.scaling.to_json(),
+                "edges": {k: [list(e) for e in v] for k, v in sorted(state.edges.items())},
+                "failure_kinds": list(state.failure_kinds),
+                "attributes": [
+                    {"key": a.key, "values": list(a.values), "edges": None if a.edges is None else list(a.edges)}
+                    for a in state.attributes
+                ],
+                "maintenance_parts": list(state.maintenance_parts),
+                "error_codes": list(state.error_codes),
+            },
+        }
+
+    @property
+    def content_hash(self) -> str:
+        """sha256 of the vocabulary and everything in the config: equal hashes, equal tokenization."""
+        assert self._hf is not None or self.state
+        payload = json.dumps(
+            {"vocab": sorted(self._vocab.items(), key=lambda kv: kv[1]), "config": self.config()},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    @property
+    def version(self) -> str:
+        """A short name for the content hash, for logs and model metadata."""
+        return f"tok-{self.content_hash[:12]}"
+
+    def save(self, directory: str | Path) -> None:
+        """Write ``tokenizer.json`` and ``tokenizer_config.json`` into ``directory`` (created if needed)."""
+        self.state  # noqa: B018 -- raises a clear error when not fitted
+        assert self._hf is not None
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._hf.save(str(directory / TOKENIZER_FILE))
+        config = self.config()
+        config[CONFIG_KEY]["content_hash"] = self.content_hash
+        (directory / CONFIG_FILE).write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> TelemetryTokenizer:
+        """Read a saved tokenizer; refuses files whose vocabulary or hash do not match the config."""
+        directory = Path(directory)
+        config_path, tokenizer_path = directory / CONFIG_FILE, directory / TOKENIZER_FILE
+        for path in (config_path, tokenizer_path):
+            if not path.is_file():
+                raise TokenizerError(f"{path}: no such file (a saved tokenizer has {TOKENIZER_FILE} and {CONFIG_FILE})")
+        try:
+            data = json.loads(config_path.read_text())[CONFIG_KEY]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise TokenizerError(f"{config_path}: not a telemetry tokenizer config ({err!r})") from None
+        if data.get("format") != FORMAT:
+            raise TokenizerError(f"{config_path}: format={data.get('format')!r}, expected {FORMAT!r}")
+        try:
+            settings = TokenizerSettings.model_validate(data["settings"])
+            state = FittedState(
+                scaling=SensorScaling.from_json(data["scaling"]),
+                edges={k: tuple(tuple(float(x) for x in e) for e in v) for k, v in data["edges"].items()},
+                failure_kinds=tuple(data["failure_kinds"]),
+                attributes=tuple(
+                    AttributeCoding(
+                        key=a["key"],
+                        values=tuple(a["values"]),
+                        edges=None if a["edges"] is None else tuple(float(x) for x in a["edges"]),
+                    )
+                    for a in data["attributes"]
+                ),
+                maintenance_parts=tuple(data["maintenance_parts"]),
+                error_codes=tuple(data["error_codes"]),
+            )
+        except (ValidationError, KeyError, TypeError, ValueError) as err:
+            raise TokenizerError(f"{config_path}: invalid tokenizer config: {err}") from None
+        tokenizer = cls(settings)
+        tokenizer._install(state)
+        saved_vocab = Tokenizer.from_file(str(tokenizer_path)).get_vocab()
+        if saved_vocab != tokenizer._vocab:
+            raise TokenizerError(f"{tokenizer_path}: its vocabulary does not match {config_path}")
+        expected = data.get("content_hash")
+        if expected is not None and expected != tokenizer.content_hash:
+            raise TokenizerError(
+                f"{config_path}: content_hash={expected!r} does not match its content ({tokenizer.content_hash!r})"
+            )
+        return tokenizer
+
+
+# --- helpers ------------------------------------------------------------------------------------------------------
+
+
+def _age_bin(hours: float) -> int:
+    return int(np.searchsorted(AGE_EDGES_H, hours, side="right"))
+
+
+def _clean(value: str) -> str:
+    """An attribute value as token text: whitespace would split the token, so it becomes ``_``."""
+    return "_".join(str(value).split())
+
+
+def _as_float(value: str) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _frequent(items: Iterable[str], limit: int) -> tuple[str, ...]:
+    counts = Counter(items)
+    return tuple(sorted(k for k, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]))
+
+
+def _fit_attributes(windows: Sequence[Window]) -> tuple[AttributeCoding, ...]:
+    """Attributes worth a token: more than one value in training, and not unique to each machine (an identifier)."""
+    by_machine: dict[str, Mapping[str, str]] = {}
+    for w in windows:
+        by_machine.setdefault(w.machine_id, w.attributes)
+    keys = sorted({k for attrs in by_machine.values() for k in attrs})
+    codings = []
+    for key in keys:
+        values = [attrs[key] for attrs in by_machine.values() if attrs.get(key) not in (None, "")]
+        distinct = set(values)
+        if len(distinct) < 2:
+            continue
+        numbers = [_as_float(v) for v in values]
+        if all(n is not None for n in numbers) and len(distinct) > NUMERIC_ATTRIBUTE_BINS:
+            cut = np.unique(
+                np.quantile(
+                    np.array(numbers, dtype=np.float64), np.arange(1, NUMERIC_ATTRIBUTE_BINS) / NUMERIC_ATTRIBUTE_BINS
+                )
+            )
+            codings.append(AttributeCoding(key=key, edges=tuple(float(x) for x in cut)))
+            continue
+        if len(distinct) == len(by_machine) >= 3:
+            continue  # one value per machine: an identifier, which would only let the model memorise machines
+        codings.append(AttributeCoding(key=key, values=_frequent((_clean(v) for v in values), MAX_CATEGORICAL_VALUES)))
+    return tuple(codings)

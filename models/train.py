@@ -1,0 +1,520 @@
+"""Training the telemetry language model: windows -> tokens -> a small causal transformer, chosen on validation.
+
+The recipe (nanoGPT's habits, as importable functions rather than a script):
+
+1. Cut labelled windows from the generic files and split them in time (:mod:`models.dataset`): the validation period
+   at the end holds several failures; training labels are known before it starts.
+2. Fit the tokenizer on training windows only, encode every window (the sequence ends with the horizon token).
+3. Train with AdamW: cross-entropy on the outcome token that follows the horizon token (``<ok>`` / ``<failure:...>``)
+   plus, weighted by ``aux_loss_weight``, next-token loss on the window's own tokens after the context (each block's
+   sensor tokens predicted from the ones before: a cheap self-supervised signal that helps with rare failures).
+4. Every ``eval_every`` steps, score the validation windows; keep the step with the best validation PR-AUC.
+5. Choose the alert threshold on validation (best F1), write the checkpoint folder, and, given a signing key, export
+   the signed int8 ONNX artifact (:mod:`models.export`).
+
+Torch uses at most ``threads`` CPU threads (2 by default): training shares the machine.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from transformers import PreTrainedModel
+
+from models.dataset import (
+    DatasetError,
+    Fleet,
+    LabeledWindow,
+    WindowSpec,
+    choose_split,
+    outcome_counts,
+    split_windows,
+)
+from models.evaluate import average_precision, best_f1_threshold, precision_recall_f1
+from models.model import (
+    MAX_DEFAULT_PARAMETERS,
+    CheckpointMeta,
+    ModelConfig,
+    build_model,
+    context_length,
+    count_parameters,
+    last_logits,
+    load_backbone,
+    model_config_dict,
+    save_checkpoint,
+)
+from models.outcome import outcome_probabilities, pack_sequences
+from models.tokenizer import TelemetryTokenizer, TokenizerSettings
+
+log = logging.getLogger(__name__)
+
+Statistic = Literal["mean", "std", "slope", "last", "min", "max"]
+
+
+class TrainSettings(BaseModel):
+    """Everything ``precursor train`` can be told, with defaults that fit C-MAPSS-sized data on two CPU cores."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    horizon_h: Annotated[float, Field(gt=0)]
+    window_h: Annotated[float, Field(gt=0)] = 30.0
+    every_h: Annotated[float, Field(gt=0)] = 1.0
+    min_points: Annotated[int, Field(ge=1)] = 3
+    # tokenizer
+    blocks: Annotated[int, Field(ge=1, le=32)] = 3
+    bins: Annotated[int, Field(ge=2, le=64)] = 16
+    block_stats: tuple[Statistic, ...] = ("mean", "std", "slope")
+    window_stats: tuple[Statistic, ...] = ()
+    scaling: Literal["machine", "fleet"] = "machine"
+    max_length: Annotated[int, Field(ge=8, le=8192)] = 256
+    event_lookback_h: Annotated[float, Field(ge=0)] = 72.0
+    # model
+    n_layer: Annotated[int, Field(ge=1)] = 3
+    n_embd: Annotated[int, Field(ge=8)] = 96
+    n_head: Annotated[int, Field(ge=1)] = 4
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    backbone: Path | None = None
+    # optimisation
+    seed: int = 0
+    batch_size: Annotated[int, Field(ge=1)] = 64
+    learning_rate: Annotated[float, Field(gt=0)] = 2e-3
+    weight_decay: Annotated[float, Field(ge=0)] = 0.01
+    warmup_steps: Annotated[int, Field(ge=0)] = 50
+    max_steps: Annotated[int, Field(ge=1)] = 3000
+    max_minutes: Annotated[float, Field(gt=0)] = 8.0
+    eval_every: Annotated[int, Field(ge=1)] = 100
+    aux_loss_weight: Annotated[float, Field(ge=0)] = 0.5
+    followup_loss_weight: Annotated[float, Field(ge=0)] = 0.5
+    threads: Annotated[int, Field(ge=1, le=2)] = 1
+    # split
+    validation_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    min_validation_failures: Annotated[int, Field(ge=1)] = 3
+
+    def tokenizer_settings(self) -> TokenizerSettings:
+        return TokenizerSettings(
+            horizon_h=self.horizon_h,
+            window_h=self.window_h,
+            blocks=self.blocks,
+            bins=self.bins,
+            block_stats=self.block_stats,
+            window_stats=self.window_stats,
+            scaling=self.scaling,
+            max_length=self.max_length,
+            event_lookback_h=self.event_lookback_h,
+        )
+
+    def window_spec(self) -> WindowSpec:
+        # The windows carry the events the tokenizer reads: its lookback before the window, and the window itself.
+        return WindowSpec(
+            window_h=self.window_h,
+            horizon_h=self.horizon_h,
+            every_h=self.every_h,
+            min_points=self.min_points,
+            event_lookback_h=self.window_h + self.event_lookback_h,
+        )
+
+
+@dataclass
+class EncodedWindows:
+    """Token ids, the outcome token to predict after each, and where the auxiliary loss starts in each sequence."""
+
+    ids: list[list[int]]
+    targets: np.ndarray  # (N,) outcome token id
+    failed: np.ndarray  # (N,) bool
+    body_start: np.ndarray  # (N,) index of the first token after the context
+    followups: np.ndarray  # (N,) the token after the outcome: time to the next failure (<next:B>)
+
+    def subset(self, rows: np.ndarray) -> EncodedWindows:
+        return EncodedWindows(
+            ids=[self.ids[i] for i in rows],
+            targets=self.targets[rows],
+            failed=self.failed[rows],
+            body_start=self.body_start[rows],
+            followups=self.followups[rows],
+        )
+
+    @classmethod
+    def of(cls, tokenizer: TelemetryTokenizer, windows: Sequence[LabeledWindow]) -> EncodedWindows:
+        ids = tokenizer.encode_many([w.window for w in windows])
+        body_ids = tokenizer.body_start_ids
+        return cls(
+            ids=ids,
+            targets=np.array([tokenizer.outcome_id(w.outcome) for w in windows], dtype=np.int64),
+            failed=np.array([w.failed for w in windows], dtype=bool),
+            body_start=np.array([next((i for i, t in enumerate(s) if t in body_ids), 0) for s in ids], dtype=np.int64),
+            followups=np.array([tokenizer.time_to_failure_id(w.hours_to_failure) for w in windows], dtype=np.int64),
+        )
+
+
+def auxiliary_targets(batch: EncodedWindows, last_index: np.ndarray, width: int) -> np.ndarray:
+    """``(B, width - 1)`` bool: position j predicts token j + 1, counted when that token is in the window's body.
+
+    The body starts after the context (``body_start``) and ends at the horizon token; left truncation shifts it.
+    """
+    positions = np.arange(width - 1)[None, :] + 1  # the target index of each position
+    lengths = np.array([len(s) for s in batch.ids])
+    start = np.maximum(batch.body_start - (lengths - last_index - 1), 0)[:, None]
+    return (positions > start) & (positions <= last_index[:, None])
+
+
+@dataclass(frozen=True)
+class Losses:
+    total: torch.Tensor
+    outcome: float
+    followup: float
+    body: float
+
+
+def sequence_loss(
+    model: PreTrainedModel,
+    batch: EncodedWindows,
+    pad_id: int,
+    context: int,
+    *,
+    aux_loss_weight: float,
+    followup_loss_weight: float = 0.0,
+) -> Losses:
+    """The training loss of one batch; the forward contract is ids + mask -> logits.
+
+    The horizon position predicts the outcome; each body position the next body token (weighted by
+    ``aux_loss_weight``). With ``followup_loss_weight``, the outcome token is fed after the sequence and its position
+    predicts the time-to-failure bucket, when the model's ``context`` has room for it.
+    """
+    feed_answer = followup_loss_weight > 0 and max(len(s) for s in batch.ids) < context
+    answered = [[*ids, int(t)] for ids, t in zip(batch.ids, batch.targets, strict=True)]
+    sequences = answered if feed_answer else batch.ids
+    packed = pack_sequences(sequences, pad_id=pad_id, max_length=context)
+    input_ids = torch.from_numpy(packed.input_ids)
+    logits = model(input_ids=input_ids, attention_mask=torch.from_numpy(packed.attention_mask)).logits  # (B, L, V)
+    question = packed.last_index - 1 if feed_answer else packed.last_index  # where each horizon token sits
+    rows = torch.arange(len(question))
+    outcome_loss = F.cross_entropy(logits[rows, torch.from_numpy(question)], torch.from_numpy(batch.targets))
+    total = outcome_loss
+    followup_loss = torch.zeros(())
+    if feed_answer:
+        answer = torch.from_numpy(packed.last_index)
+        followup_loss = F.cross_entropy(logits[rows, answer], torch.from_numpy(batch.followups))
+        total = total + followup_loss_weight * followup_loss
+    body_loss = torch.zeros(())
+    if aux_loss_weight > 0:
+        wanted = torch.from_numpy(auxiliary_targets(batch, question, input_ids.shape[1]))  # (B, L-1)
+        body_loss = F.cross_entropy(logits[:, :-1][wanted], input_ids[:, 1:][wanted])
+        total = total + aux_loss_weight * body_loss
+    return Losses(total, outcome_loss.item(), followup_loss.item(), body_loss.item())
+
+
+def validation_scores(model: PreTrainedModel, tokenizer: TelemetryTokenizer, encoded: EncodedWindows) -> np.ndarray:
+    """``risk["failure"]`` of each validation window, read exactly as the edge reads it."""
+    logits = last_logits(model, encoded.ids, tokenizer.pad_id)
+    probs = outcome_probabilities(logits, tokenizer.outcome_tokens)
+    return 1.0 - probs["ok"]
+
+
+@dataclass
+class FitResult:
+    model: PreTrainedModel
+    step: int
+    validation: dict[str, float]
+    history: list[dict[str, float]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def fit_model(
+    model: PreTrainedModel,
+    tokenizer: TelemetryTokenizer,
+    train: EncodedWindows,
+    validation: EncodedWindows,
+    settings: TrainSettings,
+) -> FitResult:
+    """Train, scoring validation every ``eval_every`` steps; return the model as it was at its best validation step."""
+    torch.set_num_threads(settings.threads)
+    torch.manual_seed(settings.seed)
+    rng = np.random.default_rng(settings.seed)
+    context = context_length(model)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=settings.learning_rate,
+        betas=(0.9, 0.95),
+    )
+
+    def learning_rate(step: int) -> float:
+        if step < settings.warmup_steps:
+            return settings.learning_rate * (step + 1) / settings.warmup_steps
+        progress = min(1.0, (step - settings.warmup_steps) / max(1, settings.max_steps - settings.warmup_steps))
+        return settings.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    started = time.monotonic()
+    deadline = started + settings.max_minutes * 60
+    best: tuple[float, float] = (-math.inf, -math.inf)
+    best_state: dict[str, torch.Tensor] | None = None
+    best_step, best_metrics = 0, {}
+    history: list[dict[str, float]] = []
+    order = rng.permutation(len(train.ids))
+    cursor = 0
+    model.train()
+    step = 0
+    running = np.zeros(4)  # outcome, follow-up and body losses, steps
+    while step < settings.max_steps:
+        if cursor + settings.batch_size > len(order):
+            order, cursor = rng.permutation(len(train.ids)), 0
+        rows = order[cursor : cursor + settings.batch_size]
+        cursor += settings.batch_size
+        batch = train.subset(rows)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step)
+        losses = sequence_loss(
+            model,
+            batch,
+            tokenizer.pad_id,
+            context,
+            aux_loss_weight=settings.aux_loss_weight,
+            followup_loss_weight=settings.followup_loss_weight,
+        )
+        optimizer.zero_grad(set_to_none=True)
+        losses.total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        running += (losses.outcome, losses.followup, losses.body, 1)
+        out_of_time = time.monotonic() >= deadline
+        if step % settings.eval_every == 0 or step == settings.max_steps or out_of_time:
+            scores = validation_scores(model, tokenizer, validation)
+            pr_auc = average_precision(validation.failed, scores) or 0.0
+            outcome_nll = _outcome_nll(scores, validation.failed)
+            record = {
+                "step": step,
+                "seconds": round(time.monotonic() - started, 1),
+                "train_outcome_loss": running[0] / running[3],
+                "train_followup_loss": running[1] / running[3],
+                "train_body_loss": running[2] / running[3],
+                "validation_pr_auc": pr_auc,
+                "validation_outcome_nll": outcome_nll,
+            }
+            history.append(record)
+            log.info("step %d: %s", step, record)
+            running[:] = 0
+            if (pr_auc, -outcome_nll) > best:
+                best = (pr_auc, -outcome_nll)
+                best_state = copy.deepcopy(model.state_dict())
+                best_step, best_metrics = step, {"pr_auc": pr_auc, "outcome_nll": outcome_nll}
+            model.train()
+        if out_of_time:
+            break
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    model.eval()
+    return FitResult(model, best_step, best_metrics, history, time.monotonic() - started)
+
+
+def _outcome_nll(scores: np.ndarray, failed: np.ndarray) -> float:
+    p = np.clip(np.where(failed, scores, 1.0 - scores), 1e-7, 1.0)
+    return float(-np.mean(np.log(p)))
+
+
+@dataclass
+class TrainResult:
+    checkpoint_dir: Path
+    artifact_dir: Path | None
+    meta: CheckpointMeta
+    seconds: float
+
+
+def model_config_for(tokenizer: TelemetryTokenizer, settings: TrainSettings) -> ModelConfig:
+    """The default architecture for a fitted tokenizer: its vocabulary, and one position more than its sequences
+    (training feeds the outcome token after the horizon token to ask for the time to failure)."""
+    return ModelConfig(
+        vocab_size=tokenizer.vocab_size,
+        n_positions=settings.max_length + 1,
+        n_embd=settings.n_embd,
+        n_layer=settings.n_layer,
+        n_head=settings.n_head,
+        dropout=settings.dropout,
+        pad_token_id=tokenizer.pad_id,
+        bos_token_id=tokenizer.bos_id,
+    )
+
+
+def failures_in(windows: Sequence[LabeledWindow]) -> int:
+    """How many distinct failures the failed windows warn of."""
+    return len({(w.window.machine_id, round(w.end_s + (w.hours_to_failure or 0) * 3600)) for w in windows if w.failed})
+
+
+def train_on_windows(
+    train_windows: Sequence[LabeledWindow],
+    validation_windows: Sequence[LabeledWindow],
+    out: str | Path,
+    settings: TrainSettings,
+    *,
+    data: dict[str, Any] | None = None,
+    signing_key: str | Path | None = None,
+    checkpoint_dir: str | Path | None = None,
+    version: str | None = None,
+) -> TrainResult:
+    """Tokenizer -> model -> threshold -> checkpoint (-> signed artifact), from windows already split in time.
+
+    Without ``signing_key``, ``out`` is the checkpoint folder. With it, ``out`` is the signed artifact and the
+    checkpoint goes to ``checkpoint_dir`` (default: ``out`` with ``.checkpoint`` appended). ``data`` says where the
+    windows came from (files, split); ``precursor evaluate`` refits the baselines from it.
+    """
+    started = time.monotonic()
+    random.seed(settings.seed)
+    np.random.seed(settings.seed)
+    torch.manual_seed(settings.seed)  # the initial weights too, whatever ran before in this process
+    out = Path(out)
+    for name, windows in (("training", train_windows), ("validation", validation_windows)):
+        counts = outcome_counts(windows)
+        if not windows or set(counts) == {"ok"} or "ok" not in counts:
+            raise DatasetError(f"the {name} period needs both ok and failed windows, has {counts or 'none'}")
+    log.info("windows: training %s, validation %s", outcome_counts(train_windows), outcome_counts(validation_windows))
+
+    tokenizer = TelemetryTokenizer(settings.tokenizer_settings())
+    tokenizer.fit([w.window for w in train_windows], [w.outcome for w in train_windows])
+    train_encoded = EncodedWindows.of(tokenizer, train_windows)
+    validation_encoded = EncodedWindows.of(tokenizer, validation_windows)
+
+    architecture: ModelConfig | None = None
+    if settings.backbone is not None:
+        model = load_backbone(settings.backbone, tokenizer.vocab_size)
+    else:
+        architecture = model_config_for(tokenizer, settings)
+        model = build_model(architecture)
+        if count_parameters(model) > MAX_DEFAULT_PARAMETERS:
+            log.warning(
+                "%d parameters: above the %d a default model keeps to", count_parameters(model), MAX_DEFAULT_PARAMETERS
+            )
+    if context_length(model) <= tokenizer.fixed_length:
+        raise DatasetError(
+            f"the model's context ({context_length(model)} tokens) is shorter than the tokenizer's sequences "
+            f"({tokenizer.fixed_length} tokens and more)"
+        )
+
+    result = fit_model(model, tokenizer, train_encoded, validation_encoded, settings)
+    scores = validation_scores(result.model, tokenizer, validation_encoded)
+    threshold = best_f1_threshold(validation_encoded.failed, scores)
+    precision, recall, f1 = precision_recall_f1(validation_encoded.failed, scores, threshold)
+    validation = {
+        **result.validation,
+        "precision": precision,
+        "recall": recall,
+        "f1": f1,
+        "windows": len(validation_windows),
+        "failed_windows": int(validation_encoded.failed.sum()),
+        "failures": failures_in(validation_windows),
+    }
+    spec = settings.window_spec()
+    meta = CheckpointMeta(
+        architecture=model_config_dict(architecture) if architecture is not None else None,
+        backbone=str(settings.backbone) if settings.backbone is not None else None,
+        parameters=count_parameters(result.model),
+        horizon_h=settings.horizon_h,
+        threshold=threshold,
+        window={
+            "window_h": spec.window_h,
+            "every_h": spec.every_h,
+            "min_points": spec.min_points,
+            "event_lookback_h": spec.event_lookback_h,
+        },
+        tokenizer_hash=tokenizer.content_hash,
+        training={
+            **settings.model_dump(mode="json", exclude={"backbone"}),
+            "tokenizer": tokenizer.settings.model_dump(mode="json"),
+            "seconds": round(result.seconds, 1),
+            "history": result.history,
+        },
+        step=result.step,
+        validation=validation,
+        data={
+            **(data or {}),
+            "training_windows": outcome_counts(train_windows),
+            "validation_windows": outcome_counts(validation_windows),
+        },
+        context_length=min(settings.max_length, context_length(result.model)),
+        outcome_tokens=tokenizer.outcome_tokens,
+        metrics={"validation": validation},
+    )
+    if signing_key is None:
+        save_checkpoint(out, result.model, tokenizer, meta)
+        return TrainResult(out, None, meta, time.monotonic() - started)
+
+    from models.export import export_artifact
+
+    checkpoint = Path(checkpoint_dir) if checkpoint_dir is not None else out.with_name(out.name + ".checkpoint")
+    save_checkpoint(checkpoint, result.model, tokenizer, meta)
+    artifact = export_artifact(
+        checkpoint,
+        out,
+        version or datetime.now(UTC).strftime("%Y%m%d%H%M%S"),
+        signing_key,
+        calibration_windows=validation_encoded.ids,
+    )
+    return TrainResult(checkpoint, artifact, meta, time.monotonic() - started)
+
+
+def train(
+    telemetry: str | Path,
+    events: str | Path | None,
+    out: str | Path,
+    settings: TrainSettings,
+    *,
+    machines: str | Path | None = None,
+    until: str | None = None,
+    signing_key: str | Path | None = None,
+    checkpoint_dir: str | Path | None = None,
+    version: str | None = None,
+) -> TrainResult:
+    """The whole of ``precursor train``: read the files, split in time, then :func:`train_on_windows`."""
+    from models.dataset import parse_time
+
+    started = time.monotonic()
+    fleet = Fleet.load(telemetry, events, machines)
+    split = choose_split(
+        fleet,
+        settings.horizon_h,
+        until_s=parse_time(until) if until is not None else None,
+        fraction=settings.validation_fraction,
+        min_failures=settings.min_validation_failures,
+    )
+    train_windows, validation_windows = split_windows(fleet, settings.window_spec(), split)
+    result = train_on_windows(
+        train_windows,
+        validation_windows,
+        out,
+        settings,
+        data={
+            "telemetry": str(Path(telemetry).resolve()),
+            "events": str(Path(events).resolve()) if events is not None else None,
+            "machines": str(Path(machines).resolve()) if machines is not None else None,
+            "split": split.to_json(),
+        },
+        signing_key=signing_key,
+        checkpoint_dir=checkpoint_dir,
+        version=version,
+    )
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def describe(meta: CheckpointMeta) -> str:
+    """A few lines for the command line: what was trained and how it did on validation."""
+    v = meta.validation
+    return (
+        f"parameters {meta.parameters:,}; best step {meta.step}; "
+        f"validation PR-AUC {v.get('pr_auc', float('nan')):.3f}; "
+        f"threshold {meta.threshold:.4g} (F1 {v.get('f1', float('nan')):.3f} on {v.get('failures', 0)} failures); "
+        f"trained {meta.training.get('seconds', 0)} s"
+    )

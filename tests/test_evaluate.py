@@ -1,0 +1,211 @@
+"""Evaluation metrics on hand-checkable cases, and ``precursor train`` / ``precursor evaluate`` end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import typer
+from sklearn.metrics import average_precision_score
+from typer.testing import CliRunner
+
+from models.cli import evaluate_command, train_command
+from models.dataset import DatasetError
+from models.evaluate import (
+    ScoredWindow,
+    average_precision,
+    best_f1_threshold,
+    evaluate,
+    false_alarms,
+    lead_times_h,
+    precision_recall_f1,
+    window_metrics,
+)
+from tests.test_lm_training import write_tiny_fleet
+
+H = 3600
+
+
+def test_pr_auc_by_hand() -> None:
+    # ranked: T F T F -> precision 1 at recall 1/2, 2/3 at recall 1
+    assert average_precision([True, False, True, False], [0.9, 0.8, 0.7, 0.1]) == pytest.approx(0.5 + 0.5 * 2 / 3)
+    # a perfect ranking and a reversed one
+    assert average_precision([False, False, True], [0.1, 0.2, 0.3]) == 1.0
+    assert average_precision([True, False, False], [0.1, 0.2, 0.3]) == pytest.approx(1 / 3)
+    # tied scores count as one step: all tied is the positive rate
+    assert average_precision([True, False, False, False], [0.5] * 4) == pytest.approx(0.25)
+    assert average_precision([False, False], [0.3, 0.4]) is None  # undefined without failures
+
+
+def test_pr_auc_matches_scikit_learn_on_random_data() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        y = rng.random(300) < 0.1
+        s = np.round(rng.random(300) + y * 0.3, 2)  # rounded: plenty of ties
+        assert average_precision(y, s) == pytest.approx(average_precision_score(y, s))
+
+
+def test_threshold_and_f1_by_hand() -> None:
+    failed, scores = [False, True, False, True, True], [0.1, 0.4, 0.5, 0.8, 0.9]
+    # alerting from 0.4 up: 3 TP, 1 FP -> F1 6/7; from 0.8 up: 2 TP -> F1 0.8; 0.9 only: F1 0.5
+    assert best_f1_threshold(failed, scores) == pytest.approx(0.25)  # between 0.4 (alerts) and 0.1 (does not)
+    assert precision_recall_f1(failed, scores, 0.8) == pytest.approx((1.0, 2 / 3, 0.8))
+    assert precision_recall_f1(failed, scores, 0.95) == (0.0, 0.0, 0.0)
+    assert best_f1_threshold([False, False], [0.2, 0.3]) > 0.3  # nothing failed: alert on nothing
+
+
+def _windows(
+    machine: str, scores: list[float], failure_at_h: float | None, horizon_h: float = 3.0
+) -> list[ScoredWindow]:
+    out = []
+    for h, score in enumerate(scores):
+        to_failure = None if failure_at_h is None or failure_at_h < h else failure_at_h - h
+        failed = to_failure is not None and to_failure < horizon_h
+        out.append(ScoredWindow(machine, h * H, failed, to_failure, score))
+    return out
+
+
+def test_lead_time_is_from_the_first_alert_in_the_warning_period() -> None:
+    # failure at hour 10, horizon 3 h: warning windows end at hours 8, 9, 10 (2, 1, 0 h before)
+    a = _windows("a", [0.1] * 8 + [0.2, 0.9, 0.9, 0.1], failure_at_h=10)
+    b = _windows("b", [0.1] * 7 + [0.9, 0.9, 0.1, 0.1], failure_at_h=10)  # alerts at 7 (too early) and 8
+    c = _windows("c", [0.1] * 11, failure_at_h=10)  # never alerted
+    leads, failures = lead_times_h(a + b + c, threshold=0.5)
+    assert sorted(leads) == [1.0, 2.0]
+    assert failures == 3
+    m = window_metrics(a + b + c, threshold=0.5, every_h=1.0)
+    assert m.median_lead_time_h == 1.5
+    assert (m.failures, m.failures_alerted) == (3, 2)
+
+
+def test_false_alarms_count_raised_alerts_on_ok_windows_per_machine_week() -> None:
+    # 168 hourly windows = one machine-week each; no failures
+    quiet = _windows("q", [0.1] * 168, failure_at_h=None)
+    noisy_scores = [0.1] * 168
+    for h in (10, 11, 12, 50, 100):  # one episode of 3 windows, two single ones: 3 alerts raised
+        noisy_scores[h] = 0.9
+    noisy = _windows("n", noisy_scores, failure_at_h=None)
+    raised, machine_weeks = false_alarms(quiet + noisy, threshold=0.5, every_h=1.0)
+    assert (raised, machine_weeks) == (3, 2.0)
+    assert window_metrics(quiet + noisy, 0.5, 1.0).false_alarms_per_machine_week == 1.5
+    # an alert that continues into a failure's warning period was raised early: it still counts as false
+    early = _windows("e", [0.1] * 5 + [0.9] * 6, failure_at_h=10)
+    assert false_alarms(early, 0.5, 1.0)[0] == 1
+
+
+@pytest.fixture(scope="module")
+def fleet_and_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], Path]:
+    from models.train import TrainSettings, train
+    from tests.test_lm_training import TINY
+
+    data = write_tiny_fleet(tmp_path_factory.mktemp("eval-fleet"), machines=6, hours=400, seed=3)
+    out = tmp_path_factory.mktemp("eval-model") / "model"
+    train(
+        data["telemetry"],
+        data["events"],
+        out,
+        TrainSettings(**{**TINY, "max_steps": 40}),
+        machines=data["machines"],
+        until="2026-01-13T00:00:00Z",
+    )
+    return data, out
+
+
+def test_evaluate_scores_the_model_and_both_baselines_on_the_same_windows(
+    fleet_and_model: tuple[dict[str, Path], Path],
+) -> None:
+    data, model_dir = fleet_and_model
+    report = evaluate(model_dir, data["telemetry"], data["events"], data["machines"], since="2026-01-13T00:00:00Z")
+    assert {"zscore", "gradient-boosting"} <= set(report.baselines)
+    windows = {report.model.windows} | {m.windows for m in report.baselines.values()}
+    assert len(windows) == 1 and windows.pop() > 0
+    meta = json.loads((model_dir / "precursor.json").read_text())
+    assert report.model.threshold == meta["threshold"]  # chosen on validation at training time, not on test
+    payload = json.loads(report.to_json())
+    keys = {"precision", "recall", "f1", "pr_auc", "median_lead_time_h", "false_alarms_per_machine_week"}
+    assert keys <= set(payload["model"])
+    assert all(keys <= set(v) for v in payload["baselines"].values())
+    assert "gradient-boosting" in report.table()
+
+
+def test_evaluate_refuses_a_test_period_that_overlaps_training(fleet_and_model: tuple[dict[str, Path], Path]) -> None:
+    data, model_dir = fleet_and_model
+    with pytest.raises(DatasetError, match="before the end of the model's training data"):
+        evaluate(model_dir, data["telemetry"], data["events"], since="2026-01-05T00:00:00Z")
+    with pytest.raises(DatasetError, match="differs from the model's horizon"):
+        evaluate(model_dir, data["telemetry"], data["events"], horizon_h=48)
+
+
+def test_command_line_train_then_evaluate_json(tmp_path: Path) -> None:
+    app = typer.Typer()
+    app.command("train")(train_command)
+    app.command("evaluate")(evaluate_command)
+    data = write_tiny_fleet(tmp_path / "data", machines=5, hours=360, seed=5)
+    runner = CliRunner()
+    common = ["--telemetry", str(data["telemetry"]), "--events", str(data["events"]), "--horizon", "12h"]
+    trained = runner.invoke(
+        app,
+        [
+            "train",
+            *common,
+            "--until",
+            "2026-01-12",
+            "--out",
+            str(tmp_path / "m"),
+            "--max-steps",
+            "10",
+            "--n-layer",
+            "1",
+            "--n-embd",
+            "16",
+            "--n-head",
+            "2",
+            "--max-length",
+            "64",
+        ],
+    )
+    assert trained.exit_code == 0, trained.output
+    assert "validation PR-AUC" in trained.output
+    evaluated = runner.invoke(app, ["evaluate", *common, "--model", str(tmp_path / "m"), "--json"])
+    assert evaluated.exit_code == 0, evaluated.output
+    report = json.loads(evaluated.stdout)
+    assert set(report) == {"model", "baselines"}
+    assert 0.0 <= report["model"]["precision"] <= 1.0
+
+    bad = runner.invoke(app, ["train", *common[:4], "--horizon", "soon", "--out", str(tmp_path / "x")])
+    assert bad.exit_code != 0 and "soon" in bad.output
+    missing = runner.invoke(app, ["evaluate", *common, "--model", str(tmp_path / "nothing")])
+    assert missing.exit_code == 1 and "precursor.json" in missing.output
+
+
+def test_train_with_a_signing_key_writes_a_signed_artifact_that_evaluate_verifies(tmp_path: Path) -> None:
+    from models.registry import verify_artifact
+    from models.signing import generate_keypair, load_public_keys
+    from models.train import TrainSettings, train
+    from tests.test_lm_training import TINY
+
+    data = write_tiny_fleet(tmp_path / "data", machines=5, hours=360, seed=11)
+    keys = generate_keypair(tmp_path / "keys")
+    result = train(
+        data["telemetry"],
+        data["events"],
+        tmp_path / "artifact",
+        TrainSettings(**TINY),
+        until="2026-01-12",
+        signing_key=keys.private_key_path,
+        version="1.0.0",
+    )
+    assert result.artifact_dir == tmp_path / "artifact"
+    assert (tmp_path / "artifact.checkpoint" / "model.safetensors").is_file()
+    manifest = verify_artifact(tmp_path / "artifact", load_public_keys(keys.public_key_path))
+    assert manifest.version == "1.0.0" and "tokenizer.json" in manifest.files
+
+    with pytest.raises(DatasetError, match="trusted-keys"):
+        evaluate(tmp_path / "artifact", data["telemetry"], data["events"])
+    on_artifact = evaluate(tmp_path / "artifact", data["telemetry"], data["events"], trusted_keys=keys.public_key_path)
+    on_checkpoint = evaluate(tmp_path / "artifact.checkpoint", data["telemetry"], data["events"])
+    assert on_artifact.model.windows == on_checkpoint.model.windows
+    # int8 ONNX and torch rank the windows almost the same way
+    assert on_artifact.model.pr_auc == pytest.approx(on_checkpoint.model.pr_auc, abs=0.05)

@@ -1,0 +1,268 @@
+"""Training the telemetry language model on a tiny fleet: checkpoint layout, scoring, backbones, context lengths."""
+
+from __future__ import annotations
+
+import csv
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from models.dataset import Fleet, WindowSpec, build_windows, choose_split, split_windows
+from models.evaluate import average_precision
+from models.model import (
+    META_FILE,
+    ModelConfig,
+    TorchScorer,
+    build_model,
+    count_parameters,
+    load_backbone,
+    load_checkpoint,
+)
+from models.outcome import pack_sequences
+from models.tokenizer import TelemetryTokenizer
+from models.train import EncodedWindows, TrainSettings, auxiliary_targets, sequence_loss, train
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def write_tiny_fleet(directory: Path, *, machines: int = 6, hours: int = 320, seed: int = 0) -> dict[str, Path]:
+    """A small fleet in the generic formats whose failures are easy to see coming.
+
+    Hourly readings of ``temp``, ``vib`` and ``load`` (``load`` is blank 5% of the time). Every machine fails twice;
+    for 12 hours before each failure ``vib`` climbs and error ``E7`` shows up. After a failure the part is
+    maintained and the machine runs on. Odd machines fail as ``bearing``, even ones with no kind named.
+    """
+    rng = np.random.default_rng(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {name: directory / f"{name}.csv" for name in ("telemetry", "events", "machines")}
+    telemetry_rows, event_rows = [], []
+    for m in range(machines):
+        machine_id = f"m-{m:02d}"
+        offset = rng.normal(0, 2)
+        failures = sorted(rng.choice(np.arange(60, hours - 20), size=2, replace=False).tolist())
+        while failures[1] - failures[0] < 40:
+            failures = sorted(rng.choice(np.arange(60, hours - 20), size=2, replace=False).tolist())
+        for h in range(hours):
+            t = START + timedelta(hours=h)
+            to_failure = min((f - h for f in failures if f > h), default=10_000)
+            ramp = max(0.0, 12 - to_failure) / 12 if to_failure <= 12 else 0.0
+            vib = 1.0 + offset * 0.1 + 3.0 * ramp + rng.normal(0, 0.1)
+            temp = 60 + offset + rng.normal(0, 0.5) + 5 * ramp
+            load = "" if rng.random() < 0.05 else f"{0.5 + 0.3 * np.sin(h / 24 * 2 * np.pi):.3f}"
+            telemetry_rows.append([t.isoformat(), machine_id, f"{temp:.3f}", f"{vib:.4f}", load])
+            if ramp > 0 and rng.random() < 0.5:
+                event_rows.append([(t + timedelta(minutes=30)).isoformat(), machine_id, "error:E7"])
+            if rng.random() < 0.02:
+                event_rows.append([(t + timedelta(minutes=10)).isoformat(), machine_id, "error:E1"])
+        kind = "failure:bearing" if m % 2 else "failure"
+        for f in failures:
+            at = START + timedelta(hours=f)
+            event_rows.append([at.isoformat(), machine_id, kind])
+            event_rows.append([(at + timedelta(minutes=20)).isoformat(), machine_id, "maintenance:bearing"])
+    with paths["telemetry"].open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["timestamp", "machine_id", "temp", "vib", "load"])
+        writer.writerows(telemetry_rows)
+    with paths["events"].open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["timestamp", "machine_id", "event"])
+        writer.writerows(sorted(event_rows))
+    with paths["machines"].open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["machine_id", "model", "serial"])
+        writer.writerows([[f"m-{m:02d}", "A" if m < machines // 2 else "B", f"SN{m:04d}"] for m in range(machines)])
+    return paths
+
+
+TINY = {
+    "horizon_h": 12.0,
+    "window_h": 12.0,
+    "n_layer": 1,
+    "n_embd": 32,
+    "n_head": 2,
+    "batch_size": 32,
+    "max_steps": 120,
+    "eval_every": 40,
+    "learning_rate": 5e-3,
+    "max_length": 64,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return write_tiny_fleet(tmp_path_factory.mktemp("tiny-fleet"))
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tiny_fleet: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny-model") / "model"
+    train(
+        tiny_fleet["telemetry"],
+        tiny_fleet["events"],
+        out,
+        TrainSettings(**TINY),
+        machines=tiny_fleet["machines"],
+    )
+    return out
+
+
+def test_training_writes_a_checkpoint_that_reloads_and_scores(
+    tiny_checkpoint: Path, tiny_fleet: dict[str, Path]
+) -> None:
+    names = {p.name for p in tiny_checkpoint.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", META_FILE} <= names
+    meta = json.loads((tiny_checkpoint / META_FILE).read_text())
+    assert meta["horizon_h"] == 12.0
+    assert 0.0 <= meta["threshold"] <= 1.0
+    assert meta["architecture"]["n_layer"] == 1
+    assert meta["step"] in {h["step"] for h in meta["training"]["history"]}
+    assert set(meta["outcome_tokens"]) == {"ok", "failure", "bearing"}
+
+    model, tokenizer, _ = load_checkpoint(tiny_checkpoint)
+    assert model.config.vocab_size == tokenizer.vocab_size
+    scorer = TorchScorer.load(tiny_checkpoint)
+    fleet = Fleet.load(tiny_fleet["telemetry"], tiny_fleet["events"], tiny_fleet["machines"])
+    windows = build_windows(fleet, WindowSpec(window_h=12, horizon_h=12))
+    risks = scorer.score_many([w.window for w in windows[:40]])
+    assert all(
+        set(r) == {"failure", "bearing"} and 0 <= r["failure"] <= 1 and r["bearing"] <= r["failure"] + 1e-9
+        for r in risks
+    )
+    # one window alone gets the same risk as inside a padded batch: right padding keeps positions
+    assert scorer.score(windows[5].window)["failure"] == pytest.approx(risks[5]["failure"], abs=1e-5)
+
+
+def test_training_learns_the_precursor_signal(tiny_checkpoint: Path, tiny_fleet: dict[str, Path]) -> None:
+    meta = json.loads((tiny_checkpoint / META_FILE).read_text())
+    history = meta["training"]["history"]
+    assert history[-1]["train_outcome_loss"] < history[0]["train_outcome_loss"]
+    scorer = TorchScorer.load(tiny_checkpoint)
+    fleet = Fleet.load(tiny_fleet["telemetry"], tiny_fleet["events"], tiny_fleet["machines"])
+    windows = build_windows(fleet, WindowSpec(window_h=12, horizon_h=12))
+    risk = np.array([r["failure"] for r in scorer.score_many([w.window for w in windows])])
+    failed = np.array([w.failed for w in windows])
+    assert average_precision(failed, risk) > 3 * failed.mean()  # far better than chance after 120 tiny steps
+    assert risk[failed].mean() > 2 * risk[~failed].mean()
+
+
+def test_training_refuses_data_without_enough_failures(tmp_path: Path) -> None:
+    paths = write_tiny_fleet(tmp_path / "data", machines=1, hours=200)
+    with pytest.raises(ValueError, match="failure"):
+        train(paths["telemetry"], paths["events"], tmp_path / "out", TrainSettings(**TINY))
+
+
+def test_split_has_no_leakage(tiny_fleet: dict[str, Path]) -> None:
+    fleet = Fleet.load(tiny_fleet["telemetry"], tiny_fleet["events"])
+    spec = WindowSpec(window_h=12, horizon_h=12)
+    split = choose_split(fleet, 12, min_failures=3)
+    train_windows, validation_windows = split_windows(fleet, spec, split)
+    assert max(w.end_s for w in train_windows) < split.validation_from_s <= min(w.end_s for w in validation_windows)
+    # every training label is decided by what happened before the validation period starts
+    for w in train_windows:
+        assert w.end_s + 12 * 3600 <= split.validation_from_s or (
+            w.failed
+            and w.hours_to_failure is not None
+            and w.end_s + w.hours_to_failure * 3600 < split.validation_from_s
+        )
+    assert sum(w.failed for w in validation_windows) > 0
+
+
+def test_any_local_causal_lm_folder_can_be_the_backbone(tiny_fleet: dict[str, Path], tmp_path: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    backbone_dir = tmp_path / "llama-mini"
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=50,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+        )
+    ).save_pretrained(backbone_dir)
+    out = tmp_path / "model"
+    train(
+        tiny_fleet["telemetry"],
+        tiny_fleet["events"],
+        out,
+        TrainSettings(**{**TINY, "max_steps": 10, "eval_every": 10, "backbone": backbone_dir}),
+        machines=tiny_fleet["machines"],
+    )
+    model, tokenizer, meta = load_checkpoint(out)
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert model.get_input_embeddings().num_embeddings == tokenizer.vocab_size
+    assert meta.backbone == str(backbone_dir)
+    assert load_backbone(backbone_dir, vocab_size=77).get_input_embeddings().num_embeddings == 77
+
+
+def test_load_backbone_names_a_folder_that_is_not_a_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
+        load_backbone(tmp_path)
+
+
+@pytest.mark.parametrize("n_positions", [64, 128, 256])
+def test_default_model_is_small_and_runs_at_each_context_length(n_positions: int) -> None:
+    model = build_model(ModelConfig(vocab_size=1000, n_positions=n_positions))
+    assert 200_000 < count_parameters(model) < 1_000_000
+    ids = torch.randint(0, 1000, (2, n_positions))
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    assert logits.shape == (2, n_positions, 1000)
+
+
+def test_model_config_rejects_a_bad_shape() -> None:
+    with pytest.raises(ValueError, match="n_embd=100 must be a multiple of n_head=3"):
+        ModelConfig(vocab_size=10, n_embd=100, n_head=3)
+
+
+def test_auxiliary_loss_counts_only_window_tokens(tiny_fleet: dict[str, Path]) -> None:
+    fleet = Fleet.load(tiny_fleet["telemetry"], tiny_fleet["events"], tiny_fleet["machines"])
+    windows = build_windows(fleet, WindowSpec(window_h=12, horizon_h=12))[:8]
+    tokenizer = TelemetryTokenizer(TrainSettings(**TINY).tokenizer_settings())
+    tokenizer.fit([w.window for w in windows], [w.outcome for w in windows])
+    encoded = EncodedWindows.of(tokenizer, windows)
+    b0 = tokenizer.tokens(windows[0].window).index("<b0>")
+    assert encoded.body_start.tolist() == [b0] * 8  # the context has the same length in every window here
+    packed = pack_sequences(encoded.ids, tokenizer.pad_id, 64)
+    wanted = auxiliary_targets(encoded, packed.last_index, packed.input_ids.shape[1])
+    for row, ids in enumerate(encoded.ids):
+        targets = np.flatnonzero(wanted[row]) + 1
+        assert targets.tolist() == list(range(b0 + 1, len(ids)))  # every body token after <b0>, up to the horizon
+
+    model = build_model(ModelConfig(vocab_size=tokenizer.vocab_size, n_positions=65, n_embd=16, n_head=2, n_layer=1))
+    model.eval()  # no dropout: the calls below must see the same network
+    full = sequence_loss(model, encoded, tokenizer.pad_id, 65, aux_loss_weight=0.5, followup_loss_weight=0.25)
+    assert float(full.total) == pytest.approx(full.outcome + 0.25 * full.followup + 0.5 * full.body, rel=1e-5)
+    bare = sequence_loss(model, encoded, tokenizer.pad_id, 65, aux_loss_weight=0.0)
+    assert float(bare.total) == pytest.approx(full.outcome, rel=1e-5)
+    assert bare.body == bare.followup == 0.0
+    # no room after the longest sequence: the answer is not fed, the outcome loss is the same
+    no_room = sequence_loss(
+        model, encoded, tokenizer.pad_id, max(map(len, encoded.ids)), aux_loss_weight=0.0, followup_loss_weight=0.25
+    )
+    assert no_room.followup == 0.0 and no_room.outcome == pytest.approx(full.outcome, rel=1e-5)
+
+
+def test_time_to_failure_buckets_are_fractions_of_the_horizon(tiny_fleet: dict[str, Path]) -> None:
+    fleet = Fleet.load(tiny_fleet["telemetry"], tiny_fleet["events"])
+    windows = build_windows(fleet, WindowSpec(window_h=12, horizon_h=12))[:20]
+    tokenizer = TelemetryTokenizer(TrainSettings(**TINY).tokenizer_settings())
+    tokenizer.fit([w.window for w in windows], [w.outcome for w in windows])
+    buckets = [tokenizer.time_to_failure_token(h) for h in (0.0, 2.9, 3.0, 11.9, 12.0, 30.0, 48.0, 500.0, None)]
+    assert buckets == [
+        "<next:0>",
+        "<next:0>",
+        "<next:1>",
+        "<next:3>",
+        "<next:4>",
+        "<next:5>",
+        "<next:6>",
+        "<next:6>",
+        "<next:?>",
+    ]

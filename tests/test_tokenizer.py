@@ -1,0 +1,237 @@
+"""The telemetry tokenizer: round trip, determinism, unseen sensors, missing values, context, limits."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from contracts.messages import Event
+from models.outcome import outcome_token, pack_sequences, risk_from_logits, risks_from_logits
+from models.scoring import Window
+from models.tokenizer import TelemetryTokenizer, TokenizerError, TokenizerSettings
+
+END = datetime(2026, 3, 1, 12, tzinfo=UTC)
+SENSORS = ("pressure", "temp", "vib")
+
+
+def make_window(
+    machine_id: str = "m-1",
+    *,
+    seed: int = 0,
+    end: datetime = END,
+    hours: int = 12,
+    sensors: Sequence[str] = SENSORS,
+    level: float = 0.0,
+    events: Sequence[tuple[float, str]] = (),
+    attributes: dict[str, str] | None = None,
+) -> Window:
+    """``hours`` hourly readings ending an hour before ``end``; ``events`` as (hours before end, event text)."""
+    rng = np.random.default_rng(seed)
+    timestamps = np.array([int((end - timedelta(hours=hours - i)).timestamp()) for i in range(hours)], dtype=np.int64)
+    values = (rng.normal(0, 1, (hours, len(sensors))) + level + np.arange(len(sensors)) * 10).astype(np.float32)
+    return Window(
+        machine_id=machine_id,
+        start=end - timedelta(hours=hours),
+        end=end,
+        timestamps=timestamps,
+        sensors=tuple(sensors),
+        values=values,
+        events=tuple(
+            Event(timestamp=end - timedelta(hours=h), machine_id=machine_id, event=text)
+            for h, text in sorted(events, key=lambda e: -e[0])
+        ),
+        attributes=attributes or {},
+    )
+
+
+def training_windows() -> list[Window]:
+    windows = []
+    for m in range(4):
+        for k in range(30):
+            windows.append(
+                make_window(
+                    f"m-{m}",
+                    seed=100 * m + k,
+                    end=END - timedelta(hours=k),
+                    level=0.3 * m,
+                    events=[(5.0, "error:E7"), (100.0, "maintenance:bearing")] if k % 3 == 0 else [(30.0, "error:E1")],
+                    attributes={"model": "A" if m % 2 else "B", "serial": f"SN-{m}", "site": "north"},
+                )
+            )
+    return windows
+
+
+@pytest.fixture(scope="module")
+def fitted() -> TelemetryTokenizer:
+    tokenizer = TelemetryTokenizer(TokenizerSettings(horizon_h=24, window_h=12, max_length=128, min_machine_rows=10))
+    tokenizer.fit(training_windows(), ["ok", "failure", "bearing"])
+    return tokenizer
+
+
+def test_sequence_starts_with_context_and_ends_with_the_horizon_token(fitted: TelemetryTokenizer) -> None:
+    window = make_window("m-1", events=[(5.0, "error:E7"), (100.0, "maintenance:bearing")], attributes={"model": "A"})
+    tokens = fitted.tokens(window)
+    assert tokens[0] == "<bos>"
+    assert tokens[-1] == "<horizon:24h>"
+    assert fitted.encode(window)[-1] == fitted.horizon_id
+    assert "attr:model=A" in tokens
+    assert not any(t.startswith("attr:serial") or t.startswith("attr:site") for t in tokens)  # identifier, constant
+    assert "maint:bearing#a07" in tokens  # 100 h ago: the 96-168 h bin
+    assert "ev:error:E7" in tokens  # inside the window, after its block sensor tokens
+    assert tokens.index("<b1>") < tokens.index("ev:error:E7") < tokens.index("<b2>")  # 5 h before the end: block 1
+    assert tokens[tokens.index("<b0>") + 1].startswith("pressure:mean")  # sensor-major: each sensor's statistics
+    assert f"tod:{12 * 8 // 24}" in tokens
+
+
+def test_outcome_tokens_cover_ok_unnamed_and_named_kinds(fitted: TelemetryTokenizer) -> None:
+    outcomes = fitted.outcome_tokens
+    assert set(outcomes) == {"ok", "failure", "bearing"}
+    assert fitted.decode(list(outcomes.values())) == ["<ok>", "<failure>", "<failure:bearing>"]
+    assert fitted.outcome_id("never-seen-kind") == outcomes["failure"]
+
+
+def test_round_trip_through_the_hugging_face_files(fitted: TelemetryTokenizer, tmp_path) -> None:
+    window = make_window("m-2", seed=7, events=[(2.0, "error:E1"), (3.0, "anomaly")])
+    ids = fitted.encode(window)
+    tokens = fitted.decode(ids)
+    fitted.save(tmp_path)
+    hf = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert hf.encode(" ".join(tokens)).ids == ids  # the HF file alone maps the text back to the same ids
+    assert hf.get_vocab_size() == fitted.vocab_size
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["precursor_telemetry"]["content_hash"] == fitted.content_hash
+    assert config["model_max_length"] == 128
+
+    loaded = TelemetryTokenizer.load(tmp_path)
+    assert loaded.content_hash == fitted.content_hash
+    assert loaded.encode(window) == ids
+    assert loaded.outcome_tokens == fitted.outcome_tokens
+
+
+def test_fitting_is_deterministic_and_versioned_by_content() -> None:
+    settings = TokenizerSettings(horizon_h=24, window_h=12, max_length=128)
+    a, b = TelemetryTokenizer(settings), TelemetryTokenizer(settings)
+    a.fit(training_windows(), ["ok", "bearing"])
+    b.fit(training_windows(), ["ok", "bearing"])
+    window = make_window("m-3", seed=3)
+    assert a.content_hash == b.content_hash
+    assert a.encode(window) == b.encode(window) == a.encode(window)
+    c = TelemetryTokenizer(settings.model_copy(update={"bins": 8}))
+    c.fit(training_windows(), ["ok", "bearing"])
+    assert c.content_hash != a.content_hash
+    assert a.version == f"tok-{a.content_hash[:12]}"
+
+
+def test_encoding_does_not_change_the_tokenizer_or_the_window(fitted: TelemetryTokenizer) -> None:
+    window = make_window("m-9", seed=4)
+    before_hash, before_values = fitted.content_hash, window.values.copy()
+    fitted.encode(window)
+    assert fitted.content_hash == before_hash
+    np.testing.assert_array_equal(window.values, before_values)
+
+
+def test_unseen_sensors_are_ignored(fitted: TelemetryTokenizer) -> None:
+    window = make_window("m-1", seed=5)
+    extra = Window(
+        window.machine_id,
+        window.start,
+        window.end,
+        window.timestamps,
+        (*window.sensors, "brand_new"),
+        np.concatenate([window.values, np.full((len(window.timestamps), 1), 42.0, np.float32)], axis=1),
+    )
+    assert fitted.encode(extra) == fitted.encode(window)
+    assert not any("brand_new" in t for t in fitted.vocabulary_tokens())
+
+
+def test_missing_values_and_missing_sensors_become_missing_tokens(fitted: TelemetryTokenizer) -> None:
+    window = make_window("m-1", seed=6)
+    blank = window.values.copy()
+    blank[:, 1] = np.nan  # temp never reported
+    blank[:4, 2] = np.nan  # vib missing in the first block only
+    tokens = fitted.tokens(
+        Window(window.machine_id, window.start, window.end, window.timestamps, window.sensors, blank)
+    )
+    assert tokens.count("temp:mean_") == 3 and tokens.count("temp:std_") == 3
+    assert tokens.count("vib:mean_") == 1
+    without_temp = Window(
+        window.machine_id, window.start, window.end, window.timestamps, ("pressure", "vib"), window.values[:, [0, 2]]
+    )
+    assert fitted.tokens(without_temp).count("temp:slope_") == 3
+    empty = Window("m-1", window.start, window.end, np.zeros(0, np.int64), SENSORS, np.zeros((0, 3), np.float32))
+    assert fitted.tokens(empty)[-1] == "<horizon:24h>"
+
+
+def test_machines_are_scaled_by_their_own_training_data(fitted: TelemetryTokenizer) -> None:
+    # m-3 runs 0.9 higher than m-0 in training: the same raw values read lower for m-3 than for m-0
+    same_values = make_window("m-0", seed=11, level=0.45)
+    as_m3 = Window("m-3", same_values.start, same_values.end, same_values.timestamps, SENSORS, same_values.values)
+    means = lambda w: [int(t[-2:]) for t in fitted.tokens(w) if t.startswith("pressure:mean")]  # noqa: E731
+    assert sum(means(as_m3)) < sum(means(same_values))
+    unseen = Window("m-new", same_values.start, same_values.end, same_values.timestamps, SENSORS, same_values.values)
+    assert len(fitted.encode(unseen)) == len(fitted.encode(same_values))  # fleet scaling for a machine never seen
+
+
+def test_events_are_trimmed_oldest_first_to_fit_max_length() -> None:
+    settings = TokenizerSettings(horizon_h=24, window_h=12, max_length=25, block_stats=("mean",))
+    tokenizer = TelemetryTokenizer(settings)
+    tokenizer.fit(training_windows(), ["ok"])
+    assert tokenizer.fixed_length == 18  # bos, model, bearing age, lastfail, tod, 3 x (block + 3 sensors), horizon
+    busy = make_window("m-1", events=[(h / 4, "error:E7") for h in range(1, 40)] + [(0.1, "anomaly")])
+    tokens = tokenizer.tokens(busy)
+    assert len(tokens) == 25
+    assert tokens[-1] == "<horizon:24h>"
+    # the newest events survive: the last block keeps its 4 (ending with the anomaly), the one before it 3
+    assert tokens[-5:-1] == ["ev:error:E7", "ev:error:E7", "ev:error:E7", "ev:anomaly"]
+    assert tokens.count("ev:error:E7") == 6
+
+
+def test_fit_refuses_a_layout_longer_than_max_length() -> None:
+    tokenizer = TelemetryTokenizer(TokenizerSettings(horizon_h=24, window_h=12, max_length=16, blocks=4))
+    with pytest.raises(TokenizerError, match="more than max_length=16"):
+        tokenizer.fit(training_windows(), ["ok"])
+
+
+def test_unfitted_and_tampered_tokenizers_give_clear_errors(fitted: TelemetryTokenizer, tmp_path) -> None:
+    with pytest.raises(TokenizerError, match="not fitted"):
+        TelemetryTokenizer(TokenizerSettings(horizon_h=1, window_h=1)).encode(make_window())
+    with pytest.raises(TokenizerError, match="no such file"):
+        TelemetryTokenizer.load(tmp_path)
+    fitted.save(tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["precursor_telemetry"]["edges"]["mean"][0][0] += 1.0
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(TokenizerError, match="content_hash"):
+        TelemetryTokenizer.load(tmp_path)
+
+
+def test_settings_reject_bad_values() -> None:
+    with pytest.raises(ValueError, match="horizon_h"):
+        TokenizerSettings(horizon_h=0, window_h=1)
+    with pytest.raises(ValueError, match="both empty"):
+        TokenizerSettings(horizon_h=1, window_h=1, block_stats=(), window_stats=())
+
+
+def test_risk_is_the_softmax_over_outcome_tokens() -> None:
+    outcomes = {"ok": 1, "failure": 2, "bearing": 3}
+    logits = np.array([9.0, 0.0, -np.inf, np.log(3.0)])  # p(ok)=1/4, p(failure)=0, p(bearing)=3/4; token 0 ignored
+    risk = risk_from_logits(logits, outcomes)
+    assert risk == pytest.approx({"failure": 0.75, "bearing": 0.75})
+    batch = risks_from_logits(np.stack([logits, np.zeros(4)]), outcomes)
+    assert batch[1] == pytest.approx({"failure": 2 / 3, "bearing": 1 / 3})
+    assert outcome_token("bearing") == "<failure:bearing>"
+    with pytest.raises(ValueError, match="one vector"):
+        risk_from_logits(np.zeros((2, 4)), outcomes)
+
+
+def test_packing_right_pads_and_truncates_from_the_left() -> None:
+    packed = pack_sequences([[5, 6, 7, 8], [9]], pad_id=0, max_length=3)
+    assert packed.input_ids.tolist() == [[6, 7, 8], [9, 0, 0]]
+    assert packed.attention_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    logits = np.arange(2 * 3 * 2).reshape(2, 3, 2)
+    assert packed.last_logits(logits).tolist() == [[4, 5], [6, 7]]
