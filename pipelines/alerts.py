@@ -365,7 +365,10 @@ class RaiseAlerts(beam.PTransform):
             (keyed, carried)
             | "MergeTimelines" >> beam.Flatten()
             | "TrackAlerts"
-            >> beam.ParDo(TrackAlerts(self._rule, self._lateness_us)).with_outputs(TIMELINES, main="changes")
+            # Keyed by machine_id (a str): the hint gives Beam a deterministic key coder for the state.
+            >> beam.ParDo(TrackAlerts(self._rule, self._lateness_us))
+            .with_input_types(tuple[str, Any])
+            .with_outputs(TIMELINES, main="changes")
         )
         _ = tracked[TIMELINES] | "WriteTimelines" >> beam.ParDo(WriteTimelines(self._store_path))
         changes = tracked["changes"]

@@ -92,6 +92,7 @@ def run_demo(*, machines: int = 40, days: float = 14.0, seed: int = 7) -> None:
                     ],
                     "window": {"length": "6h", "every": "1h", "min_points": 12},
                     "model": {"type": "drift-zscore", "horizon": "24h"},
+                    "health": {"port": 0},
                     "state_dir": str((home / "edge-state" / site).resolve()),
                 }
             )
@@ -117,7 +118,12 @@ def run_demo(*, machines: int = 40, days: float = 14.0, seed: int = 7) -> None:
 
     t = _step(5, "Query: the machines most at risk now")
     show(counts_per_edge(store), title="Predictions per edge")
-    show(at_risk(store, limit=10), title="Machines most at risk")
+    columns = ("machine_id", "max_risk", "top_kind", "window_end", "elevated_since", "model_name", "edge_id")
+    rows = [
+        {c: row.get(c) for c in columns} | {"open_alerts": len(row.get("open_alerts") or [])}
+        for row in at_risk(store, limit=10)
+    ]
+    show(rows, title="Machines most at risk")
     _done(t, f"try: precursor query at-risk --store {store}")
     typer.secho(f"\nDemo finished in {time.monotonic() - began:.0f} s.", bold=True)
 
