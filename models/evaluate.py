@@ -22,6 +22,7 @@ Definitions (each window is one prediction; a window "alerts" when ``risk["failu
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ from models.dataset import (
 from models.scoring import ANY_FAILURE, Scorer
 
 HOURS_PER_WEEK = 168.0
+
+log = logging.getLogger(__name__)
 
 
 # --- metrics ------------------------------------------------------------------------------------------------------
@@ -308,6 +311,15 @@ def evaluate(
 
     train, validation = split_windows(train_fleet, spec, split)
     per_machine = bool(meta.training.get("tokenizer", {}).get("scaling", "machine") == "machine")
+    unseen = set(test_fleet.machine_ids) - set(train_fleet.machine_ids)
+    if per_machine and len(unseen) > len(test_fleet.machine_ids) / 2:
+        log.warning(
+            "%d of %d test machines were not in the training data, and the model scales values per machine: it "
+            "falls back to fleet scaling for them, which it never trained on. Train with --scaling fleet to predict "
+            "for new machines.",
+            len(unseen),
+            len(test_fleet.machine_ids),
+        )
     blocks = int(meta.training.get("tokenizer", {}).get("blocks", 3))
     features = FeatureSpec.from_training(
         [w.window for w in train], window_h=spec.window_h, blocks=blocks, per_machine=per_machine

@@ -5,14 +5,18 @@ The recipe (nanoGPT's habits, as importable functions rather than a script):
 1. Cut labelled windows from the generic files and split them in time (:mod:`models.dataset`): the validation period
    at the end holds several failures; training labels are known before it starts.
 2. Fit the tokenizer on training windows only, encode every window (the sequence ends with the horizon token).
-3. Train with AdamW: cross-entropy on the outcome token that follows the horizon token (``<ok>`` / ``<failure:...>``)
-   plus, weighted by ``aux_loss_weight``, next-token loss on the window's own tokens after the context (each block's
-   sensor tokens predicted from the ones before: a cheap self-supervised signal that helps with rare failures).
+3. Train with AdamW on next-token losses: the outcome token after the horizon token (``<ok>`` / ``<failure:...>``);
+   then, with the outcome fed in, the token after it: the time to the machine's next failure in buckets of the
+   horizon (``<next:B>``, weighted by ``followup_loss_weight``), so the model learns how near a failure is and not
+   only which side of the horizon it falls; and, weighted by ``aux_loss_weight``, the window's own tokens after the
+   context (each block's sensor tokens predicted from the ones before). Failures are rare: both extra targets give
+   every window, failed or not, more to learn from. Scoring reads only the outcome distribution.
 4. Every ``eval_every`` steps, score the validation windows; keep the step with the best validation PR-AUC.
 5. Choose the alert threshold on validation (best F1), write the checkpoint folder, and, given a signing key, export
    the signed int8 ONNX artifact (:mod:`models.export`).
 
-Torch uses at most ``threads`` CPU threads (2 by default): training shares the machine.
+Torch uses ``threads`` CPU threads: 1 by default, at most 2. On a shared machine one thread is faster than two
+(two threads spin-wait on each other whenever the other is descheduled).
 """
 
 from __future__ import annotations

@@ -363,7 +363,7 @@ class RaiseAlerts(beam.PTransform):
         )
         tracked = (
             (keyed, carried)
-            | "MergeTimelines" >> beam.Flatten()
+            | "MergeTimelines" >> beam.Flatten().with_output_types(tuple[str, Any])
             | "TrackAlerts"
             # Keyed by machine_id (a str): the hint gives Beam a deterministic key coder for the state.
             >> beam.ParDo(TrackAlerts(self._rule, self._lateness_us))
