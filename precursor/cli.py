@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from infra.cli import kafka_app
+from models.cli import evaluate_command, train_command
 from models.keys_cli import keys_command
 from pipelines.cli import pipeline_app
 from precursor.common import fail
@@ -33,6 +34,8 @@ app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(query_app, name="query")
 app.command("simulate")(simulate_command)
 app.command("keys")(keys_command)
+app.command("train")(train_command)
+app.command("evaluate")(evaluate_command)
 app.command("serve")(serve_command)
 
 
@@ -47,7 +50,12 @@ def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log deb
     # warns at import that BigQuery's client is missing (we never use it). Real errors still show.
     logging.getLogger("kafka").setLevel(logging.DEBUG if verbose else logging.ERROR)
     logging.getLogger("apache_beam").setLevel(logging.DEBUG if verbose else logging.WARNING)
-    logging.getLogger().addFilter(lambda record: "apitools not found" not in record.getMessage())
+    # Libraries that log through the root logger (ONNX Runtime's quantizer, Beam's GCP import) only speak up for
+    # warnings; our own modules log under their names at INFO.
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(
+            lambda r: r.name != "root" or (r.levelno >= logging.WARNING and "apitools not found" not in r.getMessage())
+        )
 
 
 @edge_app.command("run")
