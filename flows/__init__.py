@@ -1,0 +1,8 @@
+"""Prefect flows that retrain on evidence and push signed models to the edge.
+
+- :mod:`flows.retrain`: labeled evidence -> candidate -> judged against the champion -> int8 ONNX, signed,
+  registered -> staged rollout (canaries, then the fleet, or back to the champion).
+- :mod:`flows.drift_check`: runs ``retrain`` when the monitored recall falls or the inputs drift.
+- :mod:`flows.serve` and :mod:`flows.server`: both flows on cron schedules against a local Prefect server.
+- :mod:`flows.cli`: ``precursor flows ...``.
+"""

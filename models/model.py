@@ -10,7 +10,9 @@ threshold chosen on validation, how windows are cut, and which data trained it),
 
 The forward contract everywhere (torch, ONNX, edge): ``input_ids`` and ``attention_mask`` ``(B, L)`` int64, right
 padded, in; ``logits`` ``(B, L, V)`` out; the risk is read at each sequence's last real position
-(:mod:`models.outcome`).
+(:mod:`models.outcome`). Training builds the model with one position more than the tokenizer's ``max_length``: it
+feeds the outcome token after the horizon token to ask for the time to failure. ``precursor.json`` records the
+scoring context (``context_length``, the tokenizer's ``max_length``) and the ``outcome_tokens``.
 """
 
 from __future__ import annotations

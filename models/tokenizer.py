@@ -162,21 +162,28 @@ class TelemetryTokenizer:
 
     # --- fitting --------------------------------------------------------------------------------------------------
 
-    def fit(self, windows: Sequence[Window], failure_kinds: Iterable[str] = ()) -> None:
-        """Learn sensors, scaling, bins and context vocabularies from training windows (and the failure kinds seen).
+    def fit(
+        self, windows: Sequence[Window], failure_kinds: Iterable[str] = (), *, outcomes: Sequence[str] | None = None
+    ) -> None:
+        """Learn sensors, scaling, bins and context vocabularies from training windows.
 
-        ``failure_kinds`` are the outcome kinds of the training labels (``"failure"`` for unnamed failures).
+        ``failure_kinds``: the failure kinds training labels use (``"failure"`` for unnamed ones). ``outcomes``: each
+        window's label (``"ok"`` or a kind), when known; then the bins are class-balanced quantiles, half of them
+        spent where failed windows lie, so the tokens resolve the range where the decision is made rather than
+        only the healthy bulk of the data.
         """
         if not windows:
             raise TokenizerError("fit needs at least one training window")
+        if outcomes is not None and len(outcomes) != len(windows):
+            raise TokenizerError(f"fit got {len(outcomes)} outcomes for {len(windows)} windows")
         s = self.settings
         try:
             scaling = fit_scaling(windows, per_machine=s.scaling == "machine", min_machine_rows=s.min_machine_rows)
         except ValueError as err:
             raise TokenizerError(str(err)) from None
         informative = scaling.sensors
-        edges = self._fit_edges(windows, scaling)
-        kinds = sorted({k for k in failure_kinds if k not in (OK, ANY_FAILURE)})
+        edges = self._fit_edges(windows, scaling, outcomes)
+        kinds = sorted({k for k in [*failure_kinds, *(outcomes or ())] if k not in (OK, ANY_FAILURE)})
         for w in windows:
             kinds.extend(e.detail for e in w.events if e.kind == "failure" and e.detail)
         state = FittedState(
@@ -200,23 +207,30 @@ class TelemetryTokenizer:
                 f"context), more than max_length={s.max_length}: use fewer blocks or statistics, or a larger max_length"
             )
 
-    def _fit_edges(self, windows: Sequence[Window], scaling: SensorScaling) -> dict[str, tuple[tuple[float, ...], ...]]:
+    def _fit_edges(
+        self, windows: Sequence[Window], scaling: SensorScaling, outcomes: Sequence[str] | None
+    ) -> dict[str, tuple[tuple[float, ...], ...]]:
         s = self.settings
         step = max(1, math.ceil(len(windows) / MAX_FIT_WINDOWS))
+        picked = range(0, len(windows), step)
+        failed = np.array([outcomes is not None and outcomes[i] != OK for i in picked])
+        # Each class carries half the weight (when both are present): quantiles of a balanced sample.
+        weight = np.ones(len(failed))
+        if failed.any() and not failed.all():
+            weight = np.where(failed, 0.5 / failed.sum(), 0.5 / (~failed).sum())
         samples: dict[str, list[np.ndarray]] = {}
-        for w in windows[::step]:
-            for name, stats in self._statistics(w, scaling).items():
+        weights: dict[str, list[np.ndarray]] = {}
+        for i, w in zip(picked, weight, strict=True):
+            for name, stats in self._statistics(windows[i], scaling).items():
                 samples.setdefault(name, []).append(stats)
+                weights.setdefault(name, []).append(np.full(len(stats), w))
         edges: dict[str, tuple[tuple[float, ...], ...]] = {}
-        quantiles = np.arange(1, s.bins) / s.bins
         for name, parts in samples.items():
             data = np.concatenate(parts)  # (n, S)
-            per_sensor = []
-            for j in range(data.shape[1]):
-                column = data[:, j][np.isfinite(data[:, j])]
-                cut = np.unique(np.quantile(column, quantiles)) if len(column) else np.array([])
-                per_sensor.append(tuple(float(v) for v in cut))
-            edges[name] = tuple(per_sensor)
+            row_weight = np.concatenate(weights[name])  # (n,)
+            edges[name] = tuple(
+                tuple(float(v) for v in _weighted_edges(data[:, j], row_weight, s.bins)) for j in range(data.shape[1])
+            )
         return edges
 
     def _statistics(self, window: Window, scaling: SensorScaling) -> dict[str, np.ndarray]:
@@ -551,6 +565,22 @@ class TelemetryTokenizer:
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
+
+
+def _weighted_edges(values: np.ndarray, weights: np.ndarray, bins: int) -> np.ndarray:
+    """Ascending, distinct edges at the ``k / bins`` weighted quantiles of the finite values.
+
+    >>> _weighted_edges(np.array([1.0, 2.0, 3.0, 4.0]), np.ones(4), 2).tolist()
+    [2.5]
+    """
+    seen = np.isfinite(values)
+    x, w = values[seen], weights[seen]
+    if len(x) == 0:
+        return np.zeros(0)
+    order = np.argsort(x, kind="stable")
+    x, w = x[order], w[order]
+    position = (np.cumsum(w) - 0.5 * w) / w.sum()  # each value sits at the middle of its weight
+    return np.unique(np.interp(np.arange(1, bins) / bins, position, x))
 
 
 def _age_bin(hours: float) -> int:

@@ -303,9 +303,9 @@ def fit_model(
             record = {
                 "step": step,
                 "seconds": round(time.monotonic() - started, 1),
-                "train_outcome_loss": running[0] / running[3],
-                "train_followup_loss": running[1] / running[3],
-                "train_body_loss": running[2] / running[3],
+                "train_outcome_loss": float(running[0] / running[3]),
+                "train_followup_loss": float(running[1] / running[3]),
+                "train_body_loss": float(running[2] / running[3]),
                 "validation_pr_auc": pr_auc,
                 "validation_outcome_nll": outcome_nll,
             }
@@ -387,7 +387,7 @@ def train_on_windows(
     log.info("windows: training %s, validation %s", outcome_counts(train_windows), outcome_counts(validation_windows))
 
     tokenizer = TelemetryTokenizer(settings.tokenizer_settings())
-    tokenizer.fit([w.window for w in train_windows], [w.outcome for w in train_windows])
+    tokenizer.fit([w.window for w in train_windows], outcomes=[w.outcome for w in train_windows])
     train_encoded = EncodedWindows.of(tokenizer, train_windows)
     validation_encoded = EncodedWindows.of(tokenizer, validation_windows)
 

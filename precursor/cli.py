@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 
+from flows.cli import flows_app
 from infra.cli import kafka_app
 from models.cli import evaluate_command, train_command
 from models.keys_cli import keys_command
@@ -32,6 +33,7 @@ app.add_typer(kafka_app, name="kafka")
 app.add_typer(edge_app, name="edge")
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(query_app, name="query")
+app.add_typer(flows_app, name="flows")
 app.command("simulate")(simulate_command)
 app.command("keys")(keys_command)
 app.command("train")(train_command)

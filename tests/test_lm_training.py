@@ -238,9 +238,9 @@ def test_auxiliary_loss_counts_only_window_tokens(tiny_fleet: dict[str, Path]) -
     model = build_model(ModelConfig(vocab_size=tokenizer.vocab_size, n_positions=65, n_embd=16, n_head=2, n_layer=1))
     model.eval()  # no dropout: the calls below must see the same network
     full = sequence_loss(model, encoded, tokenizer.pad_id, 65, aux_loss_weight=0.5, followup_loss_weight=0.25)
-    assert float(full.total) == pytest.approx(full.outcome + 0.25 * full.followup + 0.5 * full.body, rel=1e-5)
+    assert full.total.item() == pytest.approx(full.outcome + 0.25 * full.followup + 0.5 * full.body, rel=1e-5)
     bare = sequence_loss(model, encoded, tokenizer.pad_id, 65, aux_loss_weight=0.0)
-    assert float(bare.total) == pytest.approx(full.outcome, rel=1e-5)
+    assert bare.total.item() == pytest.approx(full.outcome, rel=1e-5)
     assert bare.body == bare.followup == 0.0
     # no room after the longest sequence: the answer is not fed, the outcome loss is the same
     no_room = sequence_loss(

@@ -235,3 +235,22 @@ def test_packing_right_pads_and_truncates_from_the_left() -> None:
     assert packed.attention_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
     logits = np.arange(2 * 3 * 2).reshape(2, 3, 2)
     assert packed.last_logits(logits).tolist() == [[4, 5], [6, 7]]
+
+
+def test_labelled_fit_spends_half_the_bins_where_failed_windows_lie() -> None:
+    healthy = [make_window(f"m-{k % 3}", seed=k, end=END - timedelta(hours=k)) for k in range(90)]
+    failing = [make_window(f"m-{k % 3}", seed=500 + k, end=END - timedelta(hours=k), level=6.0) for k in range(10)]
+    windows, outcomes = healthy + failing, ["ok"] * 90 + ["failure"] * 10
+    settings = TokenizerSettings(horizon_h=24, window_h=12, scaling="fleet", max_length=128)
+    plain, balanced = TelemetryTokenizer(settings), TelemetryTokenizer(settings)
+    plain.fit(windows)
+    balanced.fit(windows, outcomes=outcomes)
+
+    def failing_bins(tokenizer: TelemetryTokenizer) -> set[str]:
+        return {t for w in failing for t in tokenizer.tokens(w) if t.startswith("pressure:mean")}
+
+    assert len(failing_bins(plain)) <= 2  # the failing windows all land in the top bin or two
+    assert len(failing_bins(balanced)) >= 5  # now told apart from each other
+    assert balanced.outcome_tokens.keys() == {"ok", "failure"}
+    with pytest.raises(TokenizerError, match="2 outcomes for 100 windows"):
+        plain.fit(windows, outcomes=["ok", "ok"])
