@@ -15,8 +15,8 @@ Definitions (each window is one prediction; a window "alerts" when ``risk["failu
 >>> w = [ScoredWindow("m", h * 3600, h >= 3, 5.0 - h if h >= 3 else None, s)
 ...      for h, s in enumerate([0.1, 0.9, 0.2, 0.8, 0.9])]
 >>> m = window_metrics(w, threshold=0.5, every_h=1.0)
->>> m.precision, m.recall, m.median_lead_time_h, m.false_alarms_per_machine_week
-(0.6666666666666667, 1.0, 2.0, 33.6)
+>>> round(m.precision, 4), m.recall, m.median_lead_time_h, round(m.false_alarms_per_machine_week, 4)
+(0.6667, 1.0, 2.0, 33.6)
 """
 
 from __future__ import annotations

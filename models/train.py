@@ -106,6 +106,8 @@ class TrainSettings(BaseModel):
     # split
     validation_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
     min_validation_failures: Annotated[int, Field(ge=1)] = 3
+    # The int8 export must make the fp32 model's alert decision on at least this share of validation windows.
+    min_int8_agreement: Annotated[float, Field(ge=0, le=1)] = 0.99
 
     def tokenizer_settings(self) -> TokenizerSettings:
         return TokenizerSettings(
@@ -465,6 +467,7 @@ def train_on_windows(
         version or datetime.now(UTC).strftime("%Y%m%d%H%M%S"),
         signing_key,
         calibration_windows=validation_encoded.ids,
+        min_agreement=settings.min_int8_agreement,
     )
     return TrainResult(checkpoint, artifact, meta, time.monotonic() - started)
 

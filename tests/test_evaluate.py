@@ -192,7 +192,9 @@ def test_train_with_a_signing_key_writes_a_signed_artifact_that_evaluate_verifie
         data["telemetry"],
         data["events"],
         tmp_path / "artifact",
-        TrainSettings(**TINY),
+        # A 1-layer model on 5 machines has ~200 validation windows, so two flips already fall below the 99 %
+        # int8 gate; the gate itself is tested in test_export.py. This test is about signing and verifying.
+        TrainSettings(**TINY, min_int8_agreement=0.95),
         until="2026-01-12",
         signing_key=keys.private_key_path,
         version="1.0.0",
