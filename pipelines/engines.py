@@ -168,7 +168,8 @@ def install_prism(settings: EngineSettings | None = None, *, report: Callable[[s
             return target
         staging = target.parent / f".build.{os.getpid()}"
         report(f"building Prism {BEAM_VERSION} into {target} (go install {PRISM_MODULE}; first time takes minutes)")
-        env = os.environ | {"GOBIN": str(staging), "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
+        # go refuses a relative GOBIN, and the state folder is relative by default.
+        env = os.environ | {"GOBIN": str(staging.absolute()), "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
         done = subprocess.run(
             [go, "install", f"{PRISM_MODULE}@v{BEAM_VERSION}"], env=env, capture_output=True, text=True, check=False
         )
