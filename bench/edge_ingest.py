@@ -12,6 +12,7 @@ read it) to its prediction being committed to the outbox (p50, p99, over every w
 
     .venv/bin/python bench/edge_ingest.py                        # 1,000 machines x 10 sensors, 1 s readings, 5 min
     .venv/bin/python bench/edge_ingest.py --model drift-zscore   # the baseline instead of the LM
+    .venv/bin/python bench/edge_ingest.py --n-embd 64 --n-layer 2 --n-head 4   # a smaller LM
 """
 
 from __future__ import annotations
@@ -64,8 +65,17 @@ def write_telemetry(path: Path, machines: int, sensors: int, interval_s: int, mi
     return rows
 
 
-def build_artifact(out: Path, sensors: int, window_s: int) -> tuple[Path, Path]:
-    """A production-sized telemetry LM (about 0.4 M parameters), int8 ONNX, signed. Runs in a child process."""
+def build_artifact(
+    out: Path,
+    sensors: int,
+    window_s: int,
+    *,
+    n_embd: int | None = None,
+    n_layer: int | None = None,
+    n_head: int | None = None,
+) -> tuple[Path, Path]:
+    """A telemetry LM, int8 ONNX, signed; production-sized (about 0.4 M parameters) unless ``n_embd``, ``n_layer``
+    or ``n_head`` say otherwise (None: :class:`models.model.ModelConfig`'s default). Runs in a child process."""
     from models.export import export_artifact
     from models.model import CheckpointMeta, ModelConfig, build_model, count_parameters, save_checkpoint
     from models.scoring import Window
@@ -92,7 +102,9 @@ def build_artifact(out: Path, sensors: int, window_s: int) -> tuple[Path, Path]:
             )
     tokenizer = TelemetryTokenizer(TokenizerSettings(horizon_h=24, window_h=window_s / 3600, min_machine_rows=10))
     tokenizer.fit(windows, ["bearing", "seal"])
-    model = build_model(ModelConfig(vocab_size=tokenizer.vocab_size, n_positions=tokenizer.settings.max_length)).eval()
+    size = {k: v for k, v in (("n_embd", n_embd), ("n_layer", n_layer), ("n_head", n_head)) if v is not None}
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, n_positions=tokenizer.settings.max_length, **size)
+    model = build_model(config).eval()
     meta = CheckpointMeta(
         parameters=count_parameters(model),
         horizon_h=24,
@@ -104,7 +116,10 @@ def build_artifact(out: Path, sensors: int, window_s: int) -> tuple[Path, Path]:
     pair = generate_keypair(keys, "bench")
     checkpoint = save_checkpoint(out / "checkpoint", model, tokenizer, meta)
     artifact = export_artifact(checkpoint, out / "artifact", "bench-1", pair.private_key_path, windows[:100])
-    print(f"artifact: {count_parameters(model):,} parameters, {len(tokenizer.encode(windows[0]))} tokens per window")
+    print(
+        f"artifact: {count_parameters(model):,} parameters (n_embd {config.n_embd}, n_layer {config.n_layer}, "
+        f"n_head {config.n_head}), {len(tokenizer.encode(windows[0]))} tokens per window"
+    )
     return artifact, pair.public_key_path
 
 
@@ -144,11 +159,14 @@ def run_agent(
     window: str,
     durability: str,
     batch_rows: int = 32,
+    max_batch: int | None = None,
 ) -> Figures:
     from edge_agent.config import EdgeConfig
     from edge_agent.daemon import AgentDaemon
 
     model_spec: dict[str, object] = {"type": model, "threads": 1}
+    if max_batch is not None:
+        model_spec["max_batch"] = max_batch
     if model == "lm":
         model_spec |= {"artifact": str(artifact), "trusted_keys": [str(keys)]}
     config = EdgeConfig.from_dict(
@@ -208,13 +226,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--durability", choices=["process", "power"], default="process")
     parser.add_argument("--batch-rows", type=int, default=32, help="rows the replay reads at a time")
     parser.add_argument("--core", type=int, default=None, help="CPU to pin to (default: the last one allowed)")
+    parser.add_argument(
+        "--max-batch", type=int, default=None, help="the agent's model.max_batch (default: the config's default)"
+    )
+    # The exported LM's size; None leaves models.model.ModelConfig's default (read in the child: torch stays out of
+    # the measured process).
+    parser.add_argument("--n-embd", type=int, default=None, help="LM width (default: ModelConfig's, 96)")
+    parser.add_argument("--n-layer", type=int, default=None, help="LM layers (default: ModelConfig's, 3)")
+    parser.add_argument("--n-head", type=int, default=None, help="LM attention heads (default: ModelConfig's, 4)")
     parser.add_argument("--build-artifact", type=Path, help=argparse.SUPPRESS)  # the child process's job
     args = parser.parse_args(argv)
     from contracts.durations import parse_duration
 
     window_s = int(parse_duration(args.window).total_seconds())
     if args.build_artifact:
-        build_artifact(args.build_artifact, args.sensors, window_s)
+        build_artifact(
+            args.build_artifact, args.sensors, window_s, n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head
+        )
         return
 
     with tempfile.TemporaryDirectory(prefix="precursor-edge-bench-") as scratch:
@@ -232,6 +260,16 @@ def main(argv: list[str] | None = None) -> None:
                     str(args.sensors),
                     "--window",
                     args.window,
+                    *(
+                        arg
+                        for flag, value in (
+                            ("--n-embd", args.n_embd),
+                            ("--n-layer", args.n_layer),
+                            ("--n-head", args.n_head),
+                        )
+                        if value is not None
+                        for arg in (flag, str(value))
+                    ),
                 ],
                 check=True,
             )
@@ -252,7 +290,8 @@ def main(argv: list[str] | None = None) -> None:
             f"windows of {args.window} every {args.window}, {args.minutes} min of telemetry = {rows:,} readings "
             f"({telemetry.stat().st_size / 2**20:.0f} MiB CSV)"
         )
-        print(f"model:    {args.model}; outbox durability {args.durability}")
+        batch = f"max_batch {args.max_batch}" if args.max_batch is not None else "max_batch default"
+        print(f"model:    {args.model}; {batch}; outbox durability {args.durability}")
         figures = run_agent(
             telemetry,
             work / "state",
@@ -262,6 +301,7 @@ def main(argv: list[str] | None = None) -> None:
             window=args.window,
             durability=args.durability,
             batch_rows=args.batch_rows,
+            max_batch=args.max_batch,
         )
         for line in figures.lines():
             print(line)

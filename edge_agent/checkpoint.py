@@ -18,6 +18,7 @@ import struct
 from array import array
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
+from itertools import chain
 
 from contracts.messages import Event
 from edge_agent.config import WindowSpec
@@ -87,7 +88,9 @@ class WindowCheckpoint:
         self.snapshot_every_s = snapshot_every_s
         self._layouts: dict[tuple[str, ...], int] = {}
         self._last_layout: tuple[tuple[str, ...], int] | None = None
-        self._rows = ReadingColumns()
+        # Accepted readings wait here as they are until the commit packs them: one list append per reading on the
+        # hot path, and the packing done in bulk (see _pack_accepted).
+        self._accepted: list[Reading] = []
         self._marks: dict[str, int] = {}
         self._events: list[tuple[str, float, str]] = []
         self._new_layouts: list[tuple[int, str]] = []
@@ -108,7 +111,18 @@ class WindowCheckpoint:
         return layout
 
     def accepted(self, reading: Reading) -> None:
-        self._rows.add(reading, self._layout(reading.sensors))
+        self._accepted.append(reading)
+
+    def _pack_accepted(self) -> bytes:
+        """The readings accepted since the last commit, as one journal blob (what ``ReadingColumns.add`` per reading
+        would give, column by column)."""
+        rows, layout = self._accepted, self._layout
+        columns = ReadingColumns()
+        columns.machines = [r[0] for r in rows]
+        columns.times = array("d", [r[1] for r in rows])
+        columns.layouts = array("i", [layout(r[2]) for r in rows])
+        columns.values = array("d", chain.from_iterable([r[3] for r in rows]))
+        return columns.pack()
 
     def emitted(self, machine_id: str, boundary: int) -> None:
         self._marks[machine_id] = boundary
@@ -120,9 +134,10 @@ class WindowCheckpoint:
 
     def write(self, db: sqlite3.Connection) -> None:
         """Write what changed since the last commit (inside the caller's transaction)."""
-        if self._rows:
+        if self._accepted:
+            blob = self._pack_accepted()  # first: it may find new layouts
             self._write_layouts(db)
-            db.execute("INSERT INTO window_deltas (readings) VALUES (?)", (self._rows.pack(),))
+            db.execute("INSERT INTO window_deltas (readings) VALUES (?)", (blob,))
         self._write_marks_and_events(db)
 
     def write_snapshot(self, db: sqlite3.Connection, held: Iterable[Reading]) -> None:
@@ -159,7 +174,7 @@ class WindowCheckpoint:
 
     def committed(self) -> None:
         """The last write is durable: start collecting the next changes."""
-        self._rows = ReadingColumns()
+        self._accepted = []
         self._marks = {}
         self._events = []
         self._new_layouts = []

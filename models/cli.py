@@ -65,14 +65,15 @@ def train_command(
             "training); fleet: one scaling per sensor (for predicting new machines)."
         ),
     ] = "machine",
-    blocks: Annotated[int, typer.Option(min=1, max=32, help="Blocks a window is cut into.")] = 3,
-    block_stats: Annotated[
-        str, typer.Option(help="Statistics per block and sensor, comma-separated.")
-    ] = "mean,std,slope",
+    blocks: Annotated[int, typer.Option(min=1, max=32, help="Blocks a window is cut into.")] = 4,
+    block_stats: Annotated[str, typer.Option(help="Statistics per block and sensor, comma-separated.")] = "mean",
+    window_stats: Annotated[
+        str, typer.Option(help="Statistics per sensor over the whole window, comma-separated (may be empty).")
+    ] = "slope,std",
     max_length: Annotated[int, typer.Option(min=8, help="Longest token sequence (the model's context).")] = 256,
     seed: Annotated[int, typer.Option(help="Random seed (weights, batch order).")] = 0,
     max_minutes: Annotated[float, typer.Option(min=0.01, help="Training time budget.")] = 8.0,
-    max_steps: Annotated[int, typer.Option(min=1, help="Most optimisation steps.")] = 3000,
+    max_steps: Annotated[int, typer.Option(min=1, help="Most optimisation steps.")] = 600,
     n_layer: Annotated[int, typer.Option(min=1, help="Transformer layers.")] = 3,
     n_embd: Annotated[int, typer.Option(min=8, help="Model width.")] = 96,
     n_head: Annotated[int, typer.Option(min=1, help="Attention heads.")] = 4,
@@ -104,6 +105,7 @@ def train_command(
             scaling=scaling,  # type: ignore[arg-type]
             blocks=blocks,
             block_stats=_stats(block_stats, "--block-stats"),  # type: ignore[arg-type]
+            window_stats=_stats(window_stats, "--window-stats"),  # type: ignore[arg-type]
             max_length=max_length,
             seed=seed,
             max_minutes=max_minutes,

@@ -320,9 +320,13 @@ def evaluate(
             len(unseen),
             len(test_fleet.machine_ids),
         )
-    blocks = int(meta.training.get("tokenizer", {}).get("blocks", 3))
+    blocks = int(meta.training.get("tokenizer", {}).get("blocks", 4))
     features = FeatureSpec.from_training(
-        [w.window for w in train], window_h=spec.window_h, blocks=blocks, per_machine=per_machine
+        [w.window for w in train],
+        window_h=spec.window_h,
+        blocks=blocks,
+        per_machine=per_machine,
+        daily_profile=bool(meta.training.get("tokenizer", {}).get("daily_profile", False)),
     )
     seed = int(meta.training.get("seed", 0))
     baselines: list[Any] = [

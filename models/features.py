@@ -38,12 +38,14 @@ def aligned_values(window: Window, sensors: Sequence[str]) -> np.ndarray:
 
     Sensors the window has but ``sensors`` lacks are dropped: a model only reads the sensors it was trained on.
     """
+    if window.sensors == sensors or tuple(window.sensors) == tuple(sensors):
+        # The usual case on the edge (every window of a source shares its layout): one C-ordered copy.
+        return window.values.astype(np.float64, order="C")
     out = np.full((len(window.timestamps), len(sensors)), np.nan, dtype=np.float64)
     position = {name: j for j, name in enumerate(window.sensors)}
-    for j, name in enumerate(sensors):
-        k = position.get(name)
-        if k is not None:
-            out[:, j] = window.values[:, k]
+    pairs = [(j, position[name]) for j, name in enumerate(sensors) if name in position]
+    if pairs:
+        out[:, [j for j, _ in pairs]] = window.values[:, [k for _, k in pairs]]
     return out
 
 
@@ -51,15 +53,17 @@ def aligned_values(window: Window, sensors: Sequence[str]) -> np.ndarray:
 class SensorScaling:
     """Robust centre and scale per sensor, for the fleet and for each machine training data had enough of.
 
-    ``scaled = (value - centre) / scale``. Centre is the median, scale the interquartile range / 1.349 (the standard
-    deviation for normal data); where that is zero, the standard deviation. A machine unseen in training is scaled by
-    the fleet's figures.
+    ``scaled = (value - centre - daily[hour]) / scale``. Centre is the median, scale the interquartile range / 1.349
+    (the standard deviation for normal data); where that is zero, the standard deviation. With a daily profile, each
+    machine's median offset per hour of day (UTC) is taken out too: a load cycle then no longer drowns the slower
+    changes that precede failures. A machine unseen in training is scaled by the fleet's figures.
     """
 
     sensors: tuple[str, ...]
     center: np.ndarray  # (S,)
     scale: np.ndarray  # (S,)
     machines: Mapping[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # id -> (center, scale)
+    daily: Mapping[str, np.ndarray] = field(default_factory=dict)  # id ("" for the fleet) -> (24, S) hourly offsets
 
     @classmethod
     def fit(
@@ -69,8 +73,12 @@ class SensorScaling:
         *,
         per_machine: bool,
         min_machine_rows: int = 50,
+        times_by_machine: Mapping[str, np.ndarray] | None = None,
     ) -> SensorScaling:
-        """Fit on each machine's training rows ``(N_m, S)`` (each row once, columns in ``sensors`` order)."""
+        """Fit on each machine's training rows ``(N_m, S)`` (each row once, columns in ``sensors`` order).
+
+        With ``times_by_machine`` (epoch seconds per row), also fit the daily profiles.
+        """
         if not rows_by_machine:
             raise ValueError("SensorScaling.fit needs the rows of at least one machine")
         all_rows = np.concatenate([np.asarray(r, dtype=np.float64) for r in rows_by_machine.values()])
@@ -86,12 +94,22 @@ class SensorScaling:
                 m_center = np.where(enough & np.isfinite(m_center), m_center, center)
                 m_scale = np.where(enough & np.isfinite(m_scale) & (m_scale > 0), m_scale, scale)
                 machines[machine_id] = (m_center, m_scale)
-        return cls(tuple(sensors), center, scale, machines)
+        daily: dict[str, np.ndarray] = {}
+        if times_by_machine is not None:
+            all_times = np.concatenate([np.asarray(times_by_machine[m]) for m in rows_by_machine])
+            daily[""] = _hourly_offsets(all_rows - center, all_times)
+            for machine_id, (m_center, _) in machines.items():
+                rows = np.asarray(rows_by_machine[machine_id], dtype=np.float64)
+                daily[machine_id] = _hourly_offsets(rows - m_center, np.asarray(times_by_machine[machine_id]))
+        return cls(tuple(sensors), center, scale, machines, daily)
 
     def apply(self, window: Window) -> np.ndarray:
         """The window's values in this scaling's sensor order, scaled: ``(T, S)`` float64."""
         values = aligned_values(window, self.sensors)
         center, scale = self.machines.get(window.machine_id, (self.center, self.scale))
+        if self.daily:
+            profile = self.daily.get(window.machine_id if window.machine_id in self.machines else "", self.daily[""])
+            center = center + profile[(np.asarray(window.timestamps) // 3600) % 24]  # (T, S)
         safe = np.where(scale > 0, scale, 1.0)
         return (values - center) / safe
 
@@ -101,6 +119,7 @@ class SensorScaling:
             "center": _floats(self.center),
             "scale": _floats(self.scale),
             "machines": {m: {"center": _floats(c), "scale": _floats(s)} for m, (c, s) in sorted(self.machines.items())},
+            "daily": {m: [_floats(row) for row in p] for m, p in sorted(self.daily.items())},
         }
 
     @classmethod
@@ -110,14 +129,33 @@ class SensorScaling:
                 str(m): (_array(v["center"]), _array(v["scale"]))  # type: ignore[index]
                 for m, v in dict(data["machines"]).items()  # type: ignore[call-overload]
             }
+            daily = {
+                str(m): np.stack([_array(row) for row in rows])  # type: ignore[attr-defined]
+                for m, rows in dict(data.get("daily", {})).items()  # type: ignore[call-overload]
+            }
             return cls(
                 tuple(data["sensors"]),  # type: ignore[arg-type]
                 _array(data["center"]),
                 _array(data["scale"]),
                 machines,
+                daily,
             )
-        except (KeyError, TypeError) as err:
+        except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"scaling config is malformed: {err!r}") from None
+
+
+def _hourly_offsets(deviations: np.ndarray, times: np.ndarray, min_rows: int = 5) -> np.ndarray:
+    """``(24, S)``: the median deviation from the centre per hour of day; 0 where an hour has too few readings."""
+    hours = (times // 3600) % 24
+    out = np.zeros((24, deviations.shape[1]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+        for h in range(24):
+            rows = deviations[hours == h]
+            enough = np.sum(np.isfinite(rows), axis=0) >= min_rows
+            if enough.any():
+                out[h] = np.where(enough, np.nanmedian(rows, axis=0), 0.0)
+    return out
 
 
 def _floats(values: np.ndarray) -> list[float | None]:
@@ -140,19 +178,19 @@ def _robust(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return center, scale
 
 
-def distinct_rows(windows: Sequence[Window], sensors: Sequence[str]) -> dict[str, np.ndarray]:
-    """Each machine's rows ``(N_m, S)`` across (overlapping) windows, each instant once, in ``sensors`` order."""
+def distinct_rows(windows: Sequence[Window], sensors: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each machine's (times ``(N_m,)``, rows ``(N_m, S)``) across (overlapping) windows, each instant once."""
     times: dict[str, list[np.ndarray]] = {}
     values: dict[str, list[np.ndarray]] = {}
     for w in windows:
         times.setdefault(w.machine_id, []).append(np.asarray(w.timestamps))
         values.setdefault(w.machine_id, []).append(aligned_values(w, sensors))
-    rows: dict[str, np.ndarray] = {}
+    rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for machine_id in sorted(times):
         t = np.concatenate(times[machine_id])
         _, first = np.unique(t, return_index=True)  # overlapping windows repeat rows: keep each once
         if len(first):
-            rows[machine_id] = np.concatenate(values[machine_id])[first]
+            rows[machine_id] = (t[first], np.concatenate(values[machine_id])[first])
     return rows
 
 
@@ -167,18 +205,24 @@ def informative_sensors(rows_by_machine: Mapping[str, np.ndarray], sensors: Sequ
     return keep
 
 
-def fit_scaling(windows: Sequence[Window], *, per_machine: bool, min_machine_rows: int = 50) -> SensorScaling:
+def fit_scaling(
+    windows: Sequence[Window], *, per_machine: bool, min_machine_rows: int = 50, daily_profile: bool = False
+) -> SensorScaling:
     """Scaling for the informative sensors of training windows (constant sensors dropped)."""
     if not windows:
         raise ValueError("fit_scaling needs at least one training window")
     sensors = sorted({name for w in windows for name in w.sensors})
     rows = distinct_rows(windows, sensors)
-    keep = informative_sensors(rows, sensors)
+    keep = informative_sensors({m: r for m, (_, r) in rows.items()}, sensors)
     if not keep:
         raise ValueError(f"no sensor varies in the training windows (sensors: {', '.join(sensors) or 'none'})")
     columns = [sensors.index(n) for n in keep]
     return SensorScaling.fit(
-        {m: r[:, columns] for m, r in rows.items()}, keep, per_machine=per_machine, min_machine_rows=min_machine_rows
+        {m: r[:, columns] for m, (_, r) in rows.items()},
+        keep,
+        per_machine=per_machine,
+        min_machine_rows=min_machine_rows,
+        times_by_machine={m: t for m, (t, _) in rows.items()} if daily_profile else None,
     )
 
 
@@ -190,47 +234,83 @@ def window_rows(timestamps: np.ndarray, end_s: int, window_s: float) -> slice:
 
 
 def block_statistics(
-    values: np.ndarray, timestamps: np.ndarray, *, end_s: int, window_s: float, blocks: int
+    values: np.ndarray,
+    timestamps: np.ndarray,
+    *,
+    end_s: int,
+    window_s: float,
+    blocks: int,
+    stats: Iterable[str] = STATISTICS,
 ) -> dict[str, np.ndarray]:
     """Statistic name -> ``(blocks, S)`` array over the window ``[end_s - window_s, end_s)``; NaN where undefined.
 
-    ``std`` needs two readings in the block and ``slope`` two distinct times; ``slope`` is per hour.
+    ``std`` needs two readings in the block and ``slope`` two distinct times; ``slope`` is per hour. ``stats`` names
+    the statistics wanted (the result holds those only): the edge tokenizer needs two or three of the six.
     """
     if blocks < 1:
         raise ValueError(f"blocks must be at least 1, got {blocks}")
+    wanted = frozenset(stats)
+    if not wanted <= _KNOWN_STATISTICS:
+        raise ValueError(f"unknown statistic(s) {sorted(wanted - _KNOWN_STATISTICS)}; known: {', '.join(STATISTICS)}")
     n_sensors = values.shape[1]
-    out = {name: np.full((blocks, n_sensors), np.nan) for name in STATISTICS}
+    out = {name: np.full((blocks, n_sensors), np.nan) for name in STATISTICS if name in wanted}
     rows = window_rows(timestamps, end_s, window_s)
     t_all = timestamps[rows].astype(np.float64)
-    x_all = values[rows]
     if len(t_all) == 0:
         return out
+    # C order matters beyond speed: numpy sums a C-ordered (n, S) block row by row, and every path below must add
+    # the same numbers in the same order, so the tokens never depend on which path a window took.
+    x_all = np.ascontiguousarray(values[rows])
+    hours = t_all / HOUR_S
     start = end_s - window_s
     which = np.minimum(((t_all - start) / window_s * blocks).astype(np.int64), blocks - 1)
-    with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
-        warnings.simplefilter("ignore", category=RuntimeWarning)
-        for b in range(blocks):
-            in_block = which == b
-            if not in_block.any():
-                continue
-            x = x_all[in_block]  # (n, S)
-            t = (t_all[in_block] / HOUR_S)[:, None]  # (n, 1) hours
-            seen = np.isfinite(x)
-            count = seen.sum(axis=0)  # (S,)
-            filled = np.where(seen, x, 0.0)
-            mean = filled.sum(axis=0) / count
-            out["mean"][b] = mean
-            dev = np.where(seen, x - mean, 0.0)
-            out["std"][b] = np.where(count >= 2, np.sqrt((dev**2).sum(axis=0) / count), np.nan)
-            t_mean = np.where(seen, t, 0.0).sum(axis=0) / count
-            t_dev = np.where(seen, t - t_mean, 0.0)
-            t_var = (t_dev**2).sum(axis=0)
-            out["slope"][b] = np.where((count >= 2) & (t_var > 0), (t_dev * dev).sum(axis=0) / t_var, np.nan)
-            out["min"][b] = np.where(count > 0, np.where(seen, x, np.inf).min(axis=0), np.nan)
-            out["max"][b] = np.where(count > 0, np.where(seen, x, -np.inf).max(axis=0), np.nan)
-            last_row = np.where(seen, np.arange(len(x))[:, None], -1).max(axis=0)  # (S,)
-            out["last"][b] = np.where(last_row >= 0, x[np.maximum(last_row, 0), np.arange(n_sensors)], np.nan)
+    per_block, extra = divmod(len(which), blocks)
+    with np.errstate(all="ignore"):
+        if not extra and (blocks == 1 or np.array_equal(which, np.repeat(np.arange(blocks), per_block))):
+            # Evenly filled blocks (regular sampling, the usual case): every block at once, as (blocks, n, S).
+            _fill_statistics(
+                out,
+                slice(None),
+                x_all.reshape(blocks, per_block, n_sensors),
+                hours.reshape(blocks, per_block, 1),
+            )
+        else:
+            for b in range(blocks):
+                in_block = which == b
+                if in_block.any():
+                    _fill_statistics(out, slice(b, b + 1), x_all[in_block][None], hours[in_block][None, :, None])
     return out
+
+
+_KNOWN_STATISTICS = frozenset(STATISTICS)
+
+
+def _fill_statistics(out: dict[str, np.ndarray], at: slice, x: np.ndarray, t: np.ndarray) -> None:
+    """The statistics ``out`` holds, for blocks ``x`` ``(B, n, S)`` of readings at hours ``t`` ``(B, n, 1)``, into
+    ``out[name][at]``. Each block's sums run over axis 1 in row order, exactly as one ``(n, S)`` block would."""
+    seen = np.isfinite(x)
+    count = seen.sum(axis=1)  # (B, S)
+    if "mean" in out or "std" in out or "slope" in out:
+        mean = np.where(seen, x, 0.0).sum(axis=1) / count
+        if "mean" in out:
+            out["mean"][at] = mean
+        if "std" in out or "slope" in out:
+            dev = np.where(seen, x - mean[:, None, :], 0.0)
+            if "std" in out:
+                out["std"][at] = np.where(count >= 2, np.sqrt((dev**2).sum(axis=1) / count), np.nan)
+            if "slope" in out:
+                t_mean = np.where(seen, t, 0.0).sum(axis=1) / count
+                t_dev = np.where(seen, t - t_mean[:, None, :], 0.0)
+                t_var = (t_dev**2).sum(axis=1)
+                out["slope"][at] = np.where((count >= 2) & (t_var > 0), (t_dev * dev).sum(axis=1) / t_var, np.nan)
+    if "min" in out:
+        out["min"][at] = np.where(count > 0, np.where(seen, x, np.inf).min(axis=1), np.nan)
+    if "max" in out:
+        out["max"][at] = np.where(count > 0, np.where(seen, x, -np.inf).max(axis=1), np.nan)
+    if "last" in out:
+        last_row = np.where(seen, np.arange(x.shape[1])[None, :, None], -1).max(axis=1)  # (B, S)
+        last = np.take_along_axis(x, np.maximum(last_row, 0)[:, None, :], axis=1)[:, 0, :]
+        out["last"][at] = np.where(last_row >= 0, last, np.nan)
 
 
 def window_statistics(
@@ -247,8 +327,9 @@ def window_statistics(
 class WindowContext:
     """What a window's events say, in hours before the window's end.
 
-    ``recent_errors`` are error codes before the window's start within the lookback, oldest first; ``window_events``
-    are the events inside the window as (block, event text), oldest first.
+    ``hours_since_maintenance``: per part, its latest maintenance (however old); ``hours_since_failure``: the latest
+    failure within the window and the lookback before it; ``recent_errors``: error codes before the window's start
+    within the lookback, oldest first; ``window_events``: the events inside the window as (block, event text).
     """
 
     hours_since_maintenance: dict[str, float]
@@ -272,7 +353,9 @@ def window_context(window: Window, *, window_h: float, blocks: int, event_lookba
         age_h = (end_s - t) / HOUR_S
         if event.kind == "maintenance" and event.detail:
             maintenance[event.detail] = age_h
-        if event.kind == "failure":
+        if event.kind == "failure" and age_h <= window_h + event_lookback_h:
+            # Only within the lookback: callers keep older failures or not (the edge keeps 30 days, training data
+            # only the lookback), and the tokens must not depend on that.
             last_failure = age_h
         if t >= start_s:
             block = min(int((t - start_s) / (window_h * HOUR_S) * blocks), blocks - 1)
@@ -311,6 +394,7 @@ class FeatureSpec:
         window_h: float,
         blocks: int = 3,
         per_machine: bool = True,
+        daily_profile: bool = False,
         event_lookback_h: float = 72.0,
         max_error_codes: int = 32,
     ) -> FeatureSpec:
@@ -326,7 +410,7 @@ class FeatureSpec:
             for key, value in w.attributes.items():
                 attributes.setdefault(key, set()).add(_number_or_nan(value))
         return cls(
-            scaling=fit_scaling(windows, per_machine=per_machine),
+            scaling=fit_scaling(windows, per_machine=per_machine, daily_profile=daily_profile),
             window_h=window_h,
             blocks=blocks,
             event_lookback_h=event_lookback_h,

@@ -2,20 +2,22 @@
 
 The sequence, oldest to newest::
 
-    <bos> attr:model=X5 maint:bearing#a07 lastfail=never tod:3 err:E12      context: who the machine is, what happened
-    <b0> s1:mean04 s1:std02 s1:slope09 s2:mean_ ... ev:error:E7           each block: per sensor, binned statistics,
-    <b1> ...                                                               then the block's events in time order
-    <trend> s1:wslope12 ...                                                optional whole-window statistics
-    <horizon:24h>                                                          the question; the NEXT token is the answer:
-                                                                           <ok>, <failure> or <failure:KIND>
+    <bos> attr:model=X5 maint:bearing#a07 lastfail=never tod:3 err:E12    context: who the machine is, what happened
+    <b0> s1:mean04 s2:mean_ ... ev:error:E7                               each block: per sensor, binned statistics
+    <b1> ...                                                             (the mean by default), then the block's
+                                                                         events in time order
+    <trend> s1:wslope12 s1:wstd03 s2:wslope07 ...                        whole-window statistics (slope and spread)
+    <horizon:24h>                                                        the question; the NEXT token is the answer:
+                                                                         <ok>, <failure> or <failure:KIND>
 
 - Values are scaled per machine and sensor (robust centre and scale from the machine's training rows; the fleet's for
-  a machine training never saw), then each statistic is cut into quantile bins fitted on training windows only.
+  a machine training never saw), then each statistic is cut into quantile bins fitted on training windows only
+  (class-balanced when the windows' labels are given: half the bins where failed windows lie).
   ``s2:mean_`` says "no reading in this block": missing values are tokens, not errors. Sensors a window has but
   training did not are ignored; sensors constant in training carry no information and get no tokens.
 - Context tokens: static attributes (categorical values, or quantile bins for numeric ones; attributes constant in
   training or unique per machine are dropped), hours since the last maintenance of each part and since the last
-  failure (log-spaced bins), the most recent error codes before the window, and the hour of day.
+  failure within the lookback (log-spaced bins), the most recent error codes before the window, and the hour of day.
 - The sequence never exceeds ``max_length``: the fixed part (context, blocks, statistics) is checked at fit time;
   events and recent errors, which vary, are trimmed oldest first to fit.
 
@@ -31,6 +33,7 @@ ignored, so a caller may pass a longer buffer. The window's ``events`` should ho
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import math
@@ -71,6 +74,7 @@ MAX_CATEGORICAL_VALUES = 32
 MAX_ERROR_CODES = 64
 NUMERIC_ATTRIBUTE_BINS = 8
 MAX_FIT_WINDOWS = 20_000
+MAX_CACHED_ATTRIBUTE_SETS = 65_536
 
 Statistic = Literal["mean", "std", "slope", "last", "min", "max"]
 
@@ -86,11 +90,12 @@ class TokenizerSettings(BaseModel):
 
     horizon_h: Annotated[float, Field(gt=0, le=24 * 365)]
     window_h: Annotated[float, Field(gt=0, le=24 * 365)]
-    blocks: Annotated[int, Field(ge=1, le=32)] = 3
+    blocks: Annotated[int, Field(ge=1, le=32)] = 4
     bins: Annotated[int, Field(ge=2, le=64)] = 16
-    block_stats: tuple[Statistic, ...] = ("mean", "std", "slope")
-    window_stats: tuple[Statistic, ...] = ()
+    block_stats: tuple[Statistic, ...] = ("mean",)
+    window_stats: tuple[Statistic, ...] = ("slope", "std")
     scaling: Literal["machine", "fleet"] = "machine"
+    daily_profile: bool = False
     max_length: Annotated[int, Field(ge=8, le=8192)] = 256
     event_lookback_h: Annotated[float, Field(ge=0)] = 72.0
     max_recent_errors: Annotated[int, Field(ge=0, le=64)] = 4
@@ -178,7 +183,12 @@ class TelemetryTokenizer:
             raise TokenizerError(f"fit got {len(outcomes)} outcomes for {len(windows)} windows")
         s = self.settings
         try:
-            scaling = fit_scaling(windows, per_machine=s.scaling == "machine", min_machine_rows=s.min_machine_rows)
+            scaling = fit_scaling(
+                windows,
+                per_machine=s.scaling == "machine",
+                min_machine_rows=s.min_machine_rows,
+                daily_profile=s.daily_profile,
+            )
         except ValueError as err:
             raise TokenizerError(str(err)) from None
         informative = scaling.sensors
@@ -201,6 +211,7 @@ class TelemetryTokenizer:
         self._install(state)
         fixed = self.fixed_length
         if fixed > s.max_length:
+            self._state, self._hf, self._vocab = None, None, {}  # not a usable tokenizer: stay unfitted
             raise TokenizerError(
                 f"the fixed part of a sequence is {fixed} tokens ({len(informative)} sensors x "
                 f"({s.blocks} blocks x {len(s.block_stats)} block_stats + {len(s.window_stats)} window_stats) plus "
@@ -241,10 +252,14 @@ class TelemetryTokenizer:
         window_s = s.window_h * HOUR_S
         out: dict[str, np.ndarray] = {}
         if s.block_stats:
-            per_block = block_statistics(values, window.timestamps, end_s=end_s, window_s=window_s, blocks=s.blocks)
+            per_block = block_statistics(
+                values, window.timestamps, end_s=end_s, window_s=window_s, blocks=s.blocks, stats=s.block_stats
+            )
             out.update({stat: per_block[stat] for stat in s.block_stats})
         if s.window_stats:
-            whole = block_statistics(values, window.timestamps, end_s=end_s, window_s=window_s, blocks=1)
+            whole = block_statistics(
+                values, window.timestamps, end_s=end_s, window_s=window_s, blocks=1, stats=s.window_stats
+            )
             out.update({f"w{stat}": whole[stat] for stat in s.window_stats})
         return out
 
@@ -264,6 +279,30 @@ class TelemetryTokenizer:
             ).reshape(len(edges), self.settings.bins - 1)
             for key, edges in state.edges.items()
         }
+        self._install_id_tables(state)
+
+    def _install_id_tables(self, state: FittedState) -> None:
+        """Token ids :meth:`encode` needs, looked up once here rather than as text for every window."""
+        s, vocab = self.settings, self._vocab
+        self._bos_id = vocab[BOS]
+        self._horizon_token_id = vocab[s.horizon_token]
+        self._trend_id = vocab[TREND]
+        self._block_ids = [vocab[f"<b{b}>"] for b in range(s.blocks)]
+        self._tod_ids = [vocab[f"tod:{h}"] for h in range(HOUR_OF_DAY_BUCKETS)]
+        self._lastfail_ids = [vocab[f"lastfail#a{b:02d}"] for b in range(len(AGE_EDGES_H) + 1)]
+        self._lastfail_never = vocab["lastfail=never"]
+        self._maintenance_ids = [
+            ([vocab[f"maint:{part}#a{b:02d}"] for b in range(len(AGE_EDGES_H) + 1)], vocab[f"maint:{part}=never"])
+            for part in state.maintenance_parts
+        ]
+        self._attribute_ids: dict[tuple[str | None, ...], list[int]] = {}
+        # Every statistic row of a window stacked: each block statistic once per block, then the window statistics.
+        # One comparison and one lookup then bin all of them.
+        row_keys = [key for key in s.block_stats for _ in range(s.blocks)] + [f"w{key}" for key in s.window_stats]
+        n_sensors = len(state.scaling.sensors)
+        self._row_edges = np.stack([self._edge_table[key] for key in row_keys])  # (R, S, bins - 1)
+        self._row_ids = np.stack([self._sensor_ids[key] for key in row_keys]).reshape(-1)  # (R * S * (bins + 1),)
+        self._row_base = (np.arange(len(row_keys) * n_sensors) * (s.bins + 1)).reshape(len(row_keys), n_sensors)
 
     def _vocabulary(self, state: FittedState) -> list[str]:
         s = self.settings
@@ -380,7 +419,84 @@ class TelemetryTokenizer:
         return context + body + trend + 1  # + horizon
 
     def encode(self, window: Window) -> list[int]:
-        """The window as token ids, at most ``max_length`` long, ending with the horizon token."""
+        """The window as token ids, at most ``max_length`` long, ending with the horizon token.
+
+        The same ids as :meth:`_encode_plain` (the token-text path, kept as the reference and tested against), made
+        from id tables filled at fit or load time: the edge encodes every window, and text costs time there.
+        """
+        s, state, vocab = self.settings, self.state, self._vocab
+        context = window_context(window, window_h=s.window_h, blocks=s.blocks, event_lookback_h=s.event_lookback_h)
+        ids = [self._bos_id, *self._attributes_as_ids(window.attributes)]
+        for (aged, never), part in zip(self._maintenance_ids, state.maintenance_parts, strict=True):
+            age = context.hours_since_maintenance.get(part)
+            ids.append(never if age is None else aged[bisect.bisect_right(AGE_EDGES_H, age)])
+        failure_age = context.hours_since_failure
+        ids.append(
+            self._lastfail_never
+            if failure_age is None
+            else self._lastfail_ids[bisect.bisect_right(AGE_EDGES_H, failure_age)]
+        )
+        ids.append(self._tod_ids[context.hour_of_day * HOUR_OF_DAY_BUCKETS // 24])
+
+        events_by_block: list[list[str]] = [[] for _ in range(s.blocks)]
+        recent: list[str] = []
+        if context.window_events or context.recent_errors:  # most windows have neither
+            for block, text in context.window_events:
+                events_by_block[block].append(self._event_token(text))
+            events_by_block = [b[-s.max_events_per_block :] if s.max_events_per_block else [] for b in events_by_block]
+            recent = [f"err:{c}" if c in state.error_codes else "err:?" for c in context.recent_errors]
+            recent = recent[-s.max_recent_errors :] if s.max_recent_errors else []
+            budget = s.max_length - self.fixed_length
+            while len(recent) + sum(len(b) for b in events_by_block) > budget:
+                if recent:
+                    recent.pop(0)
+                else:
+                    next(b for b in events_by_block if b).pop(0)
+            ids += [vocab[t] for t in recent]
+
+        stats = self._statistics(window, state.scaling)
+        stacked = np.concatenate([stats[key] for key in self._statistic_keys()])  # (R, S), rows as in _row_edges
+        with np.errstate(invalid="ignore"):
+            # The number of edges <= value: numpy's searchsorted(side="right"), for every row and sensor at once.
+            bins = (stacked[:, :, None] >= self._row_edges).sum(axis=2)
+        bins = np.where(np.isfinite(stacked), bins, s.bins)  # the last column is the "missing" token
+        sensor_ids = self._row_ids[self._row_base + bins]  # (R, S)
+        n_sensors, n_block_stats = sensor_ids.shape[1], len(s.block_stats)
+        if n_block_stats:
+            per_block = (
+                sensor_ids[: n_block_stats * s.blocks]
+                .reshape(n_block_stats, s.blocks, n_sensors)
+                .transpose(1, 2, 0)  # block, then sensor-major, as _encode_plain orders them
+                .reshape(s.blocks, n_sensors * n_block_stats)
+                .tolist()
+            )
+            for b in range(s.blocks):
+                ids.append(self._block_ids[b])
+                ids += per_block[b]
+                if events_by_block[b]:
+                    ids += [vocab[t] for t in events_by_block[b]]
+        if s.window_stats:
+            ids.append(self._trend_id)
+            ids += sensor_ids[n_block_stats * s.blocks :].T.reshape(-1).tolist()
+            if not n_block_stats:
+                ids += [vocab[t] for block in events_by_block for t in block]
+        ids.append(self._horizon_token_id)
+        return ids
+
+    def _attributes_as_ids(self, attributes: Mapping[str, str]) -> list[int]:
+        codings = self.state.attributes
+        if not codings:
+            return []
+        key = tuple(attributes.get(a.key) for a in codings)
+        known = self._attribute_ids.get(key)
+        if known is None:
+            if len(self._attribute_ids) >= MAX_CACHED_ATTRIBUTE_SETS:
+                self._attribute_ids.clear()  # a bound, not an eviction policy: machines' attributes rarely change
+            known = self._attribute_ids[key] = [self._vocab[a.token(v)] for a, v in zip(codings, key, strict=True)]
+        return known
+
+    def _encode_plain(self, window: Window) -> list[int]:
+        """:meth:`encode` the plain way, through token text: the reference the fast path is tested against."""
         return [self._vocab[t] if isinstance(t, str) else t for t in self._tokens(window)]
 
     def encode_many(self, windows: Iterable[Window]) -> list[list[int]]:
@@ -389,6 +505,17 @@ class TelemetryTokenizer:
     def tokens(self, window: Window) -> list[str]:
         """The window as token text (for reading and debugging); ``encode`` gives the ids of these."""
         return self.decode(self.encode(window))
+
+    def missing_ids(self) -> np.ndarray:
+        """For each token id, the id of its sensor's "missing" token for the same statistic; -1 for other tokens.
+
+        Training uses it to hide random readings (token dropout), so the model leans on no single sensor and has
+        seen gaps like the ones real telemetry has.
+        """
+        out = np.full(self.vocab_size, -1, dtype=np.int64)
+        for table in self._sensor_ids.values():  # (S, bins + 1): the last column is the missing token
+            out[table[:, :-1]] = table[:, -1:]
+        return out
 
     def vocabulary_tokens(self) -> list[str]:
         """Every token, in id order."""

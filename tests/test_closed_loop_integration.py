@@ -62,7 +62,10 @@ TRAINING = TrainSettings(
     horizon_h=HORIZON_H,
     window_h=12,
     every_h=3,
+    # Two blocks with level, spread and trend each: a 300-step model learns the new kind from these fast enough.
     blocks=2,
+    block_stats=("mean", "std", "slope"),
+    window_stats=(),
     bins=8,
     max_length=96,
     n_layer=1,

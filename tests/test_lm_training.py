@@ -24,7 +24,7 @@ from models.model import (
 )
 from models.outcome import pack_sequences
 from models.tokenizer import TelemetryTokenizer
-from models.train import EncodedWindows, TrainSettings, auxiliary_targets, sequence_loss, train
+from models.train import EncodedWindows, TrainSettings, auxiliary_targets, hide_readings, sequence_loss, train
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -266,3 +266,30 @@ def test_time_to_failure_buckets_are_fractions_of_the_horizon(tiny_fleet: dict[s
         "<next:6>",
         "<next:?>",
     ]
+
+
+def test_token_dropout_hides_only_sensor_readings(tiny_fleet: dict[str, Path]) -> None:
+    fleet = Fleet.load(tiny_fleet["telemetry"], tiny_fleet["events"], tiny_fleet["machines"])
+    windows = build_windows(fleet, WindowSpec(window_h=12, horizon_h=12))[:16]
+    tokenizer = TelemetryTokenizer(TrainSettings(**TINY).tokenizer_settings())
+    tokenizer.fit([w.window for w in windows], outcomes=[w.outcome for w in windows])
+    encoded = EncodedWindows.of(tokenizer, windows)
+    missing = tokenizer.missing_ids()
+    full = windows[-1].window  # 12 hourly readings: its first block has a reading of every sensor
+    first_reading = tokenizer.encode(full)[tokenizer.tokens(full).index("<b0>") + 1]
+    assert tokenizer.decode([missing[first_reading]])[0].endswith(":mean_")
+    assert missing[missing[first_reading]] == -1  # a missing token stays as it is
+    assert missing[tokenizer.horizon_id] == -1
+    rng = np.random.default_rng(0)
+    assert hide_readings(encoded, missing, 0.0, rng) is encoded
+    hidden = hide_readings(encoded, missing, 0.5, rng)
+    changed = 0
+    for before, after in zip(encoded.ids, hidden.ids, strict=True):
+        assert len(before) == len(after)
+        for a, b in zip(before, after, strict=True):
+            if a != b:
+                changed += 1
+                assert missing[a] == b  # a reading became that sensor's "missing" token, nothing else changed
+    readings = sum(int((missing[np.asarray(s)] >= 0).sum()) for s in encoded.ids)
+    assert 0.3 * readings < changed < 0.7 * readings
+    assert hidden.targets is encoded.targets

@@ -83,7 +83,8 @@ def test_sequence_starts_with_context_and_ends_with_the_horizon_token(fitted: Te
     assert not any(t.startswith("attr:serial") or t.startswith("attr:site") for t in tokens)  # identifier, constant
     assert "maint:bearing#a07" in tokens  # 100 h ago: the 96-168 h bin
     assert "ev:error:E7" in tokens  # inside the window, after its block sensor tokens
-    assert tokens.index("<b1>") < tokens.index("ev:error:E7") < tokens.index("<b2>")  # 5 h before the end: block 1
+    # 12 h in 4 blocks of 3 h: 5 h before the end is block 2, after that block's sensor tokens
+    assert tokens.index("<b2>") < tokens.index("ev:error:E7") < tokens.index("<b3>")
     assert tokens[tokens.index("<b0>") + 1].startswith("pressure:mean")  # sensor-major: each sensor's statistics
     assert f"tod:{12 * 8 // 24}" in tokens
 
@@ -157,12 +158,12 @@ def test_missing_values_and_missing_sensors_become_missing_tokens(fitted: Teleme
     tokens = fitted.tokens(
         Window(window.machine_id, window.start, window.end, window.timestamps, window.sensors, blank)
     )
-    assert tokens.count("temp:mean_") == 3 and tokens.count("temp:std_") == 3
-    assert tokens.count("vib:mean_") == 1
+    assert tokens.count("temp:mean_") == 4 and tokens.count("temp:wstd_") == 1 and tokens.count("temp:wslope_") == 1
+    assert tokens.count("vib:mean_") == 1  # its first block (the first 3 h) has no reading
     without_temp = Window(
         window.machine_id, window.start, window.end, window.timestamps, ("pressure", "vib"), window.values[:, [0, 2]]
     )
-    assert fitted.tokens(without_temp).count("temp:slope_") == 3
+    assert fitted.tokens(without_temp).count("temp:mean_") == 4
     empty = Window("m-1", window.start, window.end, np.zeros(0, np.int64), SENSORS, np.zeros((0, 3), np.float32))
     assert fitted.tokens(empty)[-1] == "<horizon:24h>"
 
@@ -178,7 +179,7 @@ def test_machines_are_scaled_by_their_own_training_data(fitted: TelemetryTokeniz
 
 
 def test_events_are_trimmed_oldest_first_to_fit_max_length() -> None:
-    settings = TokenizerSettings(horizon_h=24, window_h=12, max_length=25, block_stats=("mean",))
+    settings = TokenizerSettings(horizon_h=24, window_h=12, max_length=25, blocks=3, window_stats=())
     tokenizer = TelemetryTokenizer(settings)
     tokenizer.fit(training_windows(), ["ok"])
     assert tokenizer.fixed_length == 18  # bos, model, bearing age, lastfail, tod, 3 x (block + 3 sensors), horizon
@@ -254,3 +255,46 @@ def test_labelled_fit_spends_half_the_bins_where_failed_windows_lie() -> None:
     assert balanced.outcome_tokens.keys() == {"ok", "failure"}
     with pytest.raises(TokenizerError, match="2 outcomes for 100 windows"):
         plain.fit(windows, outcomes=["ok", "ok"])
+
+
+def test_context_reads_the_same_however_much_history_the_caller_keeps(fitted: TelemetryTokenizer) -> None:
+    # The edge keeps 30 days of events, training windows only the lookback: a failure older than the window plus
+    # the lookback (12 h + 72 h) must read the same either way.
+    old = make_window("m-1", events=[(200.0, "failure:bearing"), (100.0, "maintenance:bearing")])
+    trimmed = make_window("m-1", events=[(100.0, "maintenance:bearing")])
+    assert fitted.encode(old) == fitted.encode(trimmed)
+    recent = fitted.tokens(make_window("m-1", events=[(50.0, "failure:bearing")]))
+    assert "lastfail#a06" in recent  # 48-96 h ago
+
+
+def test_daily_profile_takes_the_load_cycle_out() -> None:
+    def cyclic(k: int, shift: float = 0.0) -> Window:
+        end = END - timedelta(hours=k)
+        hours = 12
+        t = np.array([int((end - timedelta(hours=hours - i)).timestamp()) for i in range(hours)], dtype=np.int64)
+        rng = np.random.default_rng(k)
+        cycle = 10 * np.sin((t // 3600 % 24) / 24 * 2 * np.pi)  # the same every day: load, not wear
+        load = cycle + shift + rng.normal(0, 0.1, hours)
+        values = np.stack([load, rng.normal(0, 1, hours)], axis=1).astype(np.float32)
+        return Window("m-1", end - timedelta(hours=hours), end, t, ("load", "temp"), values)
+
+    windows = [cyclic(k) for k in range(200)]
+    worn = [cyclic(k, shift=2.0) for k in range(24)]  # a small rise, at every hour of the day
+    for daily, expected_all_top in ((False, False), (True, True)):
+        tokenizer = TelemetryTokenizer(TokenizerSettings(horizon_h=24, window_h=12, daily_profile=daily))
+        tokenizer.fit(windows)
+        bins = [int(t[-2:]) for w in worn for t in tokenizer.tokens(w) if t.startswith("load:mean")]
+        assert (min(bins) == 15) is expected_all_top  # the top bin, whatever the hour, only without the cycle
+    assert tokenizer.state.scaling.daily["m-1"].shape == (24, 2)
+
+
+def test_daily_profile_survives_save_and_load(tmp_path) -> None:
+    tokenizer = TelemetryTokenizer(
+        TokenizerSettings(horizon_h=24, window_h=12, daily_profile=True, min_machine_rows=10, max_length=128)
+    )
+    tokenizer.fit(training_windows())
+    tokenizer.save(tmp_path)
+    loaded = TelemetryTokenizer.load(tmp_path)
+    window = make_window("m-2", seed=9)
+    assert loaded.encode(window) == tokenizer.encode(window)
+    assert set(loaded.state.scaling.daily) == {"", "m-0", "m-1", "m-2", "m-3"}
