@@ -85,7 +85,7 @@ def resolve_runtime_jars(
             "--file",
             str(pom),
             "dependency:copy-dependencies",
-            f"-DoutputDirectory={staging}",
+            f"-DoutputDirectory={staging.absolute()}",  # Maven resolves a relative one against the pom's folder
         ]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:

@@ -24,6 +24,7 @@ import fcntl
 import os
 import shutil
 import subprocess
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,8 @@ ENGINES = (LOCAL, PRISM, FLINK)
 BEAM_VERSION = beam.__version__
 PRISM_MODULE = "github.com/apache/beam/sdks/v2/go/cmd/prism"
 FLINK_POM = Path(__file__).resolve().parents[1] / "infra" / "maven" / "flink" / "pom.xml"
+FLINK_LAUNCHER = "job-server-launcher.jar"
+FLINK_JOB_SERVER_MAIN = "org.apache.beam.runners.flink.FlinkJobServerDriver"
 
 # Flink on Java 17 reflects into JDK internals (Kryo, its memory manager); these are the openings its own launcher adds.
 _JAVA17_OPENS = [
@@ -88,14 +91,13 @@ class EngineSettings(BaseSettings):
             if not self.flink_job_server_jar.is_file():
                 raise EngineError(f"flink_job_server_jar={str(self.flink_job_server_jar)!r}: no such file")
             return self.flink_job_server_jar
-        folder = self.flink_jars_root / pom_digest(FLINK_POM)
-        jars = sorted(folder.glob("beam-runners-flink-*-job-server-*.jar")) if folder.is_dir() else []
-        if not jars:
+        launcher = self.flink_jars_root / pom_digest(FLINK_POM) / FLINK_LAUNCHER
+        if not launcher.is_file():
             raise EngineError(
-                f"no Flink job server jar in {folder}: run `precursor pipeline engines --install flink` once "
+                f"no Flink job server at {launcher}: run `precursor pipeline engines --install flink` once "
                 "(resolves it from Maven Central), or set PRECURSOR_ENGINE_FLINK_JOB_SERVER_JAR"
             )
-        return jars[0]
+        return launcher
 
 
 @dataclass(frozen=True)
@@ -182,7 +184,50 @@ def install_prism(settings: EngineSettings | None = None, *, report: Callable[[s
 
 
 def install_flink(settings: EngineSettings | None = None, *, report: Callable[[str], None] = print) -> Path:
-    """Resolve the Flink job server jar from Maven Central into the engines folder (once)."""
+    """Resolve Beam's Flink runner and its jars from Maven Central, and write the job server's launcher (once)."""
     settings = settings or EngineSettings()
-    resolve_runtime_jars(FLINK_POM, settings.flink_jars_root, report=report)
-    return settings.flink_jar()
+    folder = resolve_runtime_jars(FLINK_POM, settings.flink_jars_root, report=report)
+    launcher = folder / FLINK_LAUNCHER
+    if not launcher.is_file():
+        write_launcher_jar(launcher, FLINK_JOB_SERVER_MAIN, sorted(p.name for p in folder.glob("*.jar")))
+    return launcher
+
+
+def write_launcher_jar(path: Path, main_class: str, class_path: list[str]) -> None:
+    r"""An executable jar holding only a manifest: ``java -jar path`` runs ``main_class`` over ``class_path``.
+
+    Class path entries are relative to the launcher's folder, so the folder can move. Written to a temporary name and
+    renamed, so a reader never sees half a jar.
+
+    >>> import tempfile, zipfile
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     jar = Path(folder) / "launcher.jar"
+    ...     write_launcher_jar(jar, "org.example.Main", [f"dependency-number-{i}.jar" for i in range(3)])
+    ...     manifest = zipfile.ZipFile(jar).read("META-INF/MANIFEST.MF").decode()
+    >>> max(len(line) for line in manifest.split("\r\n")) <= 72
+    True
+    >>> manifest.replace("\r\n ", "").splitlines()[2]
+    'Class-Path: dependency-number-0.jar dependency-number-1.jar dependency-number-2.jar'
+    """
+    attributes = {
+        "Manifest-Version": "1.0",
+        "Main-Class": main_class,
+        "Class-Path": " ".join(class_path),
+        # Flink reflects into JDK internals; an executable jar may open them itself (Java 9+), flags or not.
+        "Add-Opens": " ".join(o.removeprefix("--add-opens=").removesuffix("=ALL-UNNAMED") for o in _JAVA17_OPENS),
+    }
+    manifest = "".join(_manifest_lines(f"{key}: {value}") for key, value in attributes.items()) + "\r\n"
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    with zipfile.ZipFile(staging, "w") as jar:
+        jar.writestr("META-INF/MANIFEST.MF", manifest)
+    staging.replace(path)
+
+
+def _manifest_lines(header: str) -> str:
+    """A manifest header folded as the jar format wants: lines of at most 72 bytes, continued with one space."""
+    raw = header.encode()
+    lines, rest = [raw[:72]], raw[72:]
+    while rest:
+        lines.append(b" " + rest[:71])
+        rest = rest[71:]
+    return "".join(line.decode() + "\r\n" for line in lines)

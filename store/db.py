@@ -15,6 +15,7 @@ briefly when a writer has it (see :func:`connect`).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -185,13 +186,39 @@ class StoreBusy(RuntimeError):
     """Another process held the store for longer than we were willing to wait."""
 
 
+_WRITERS: dict[Path, threading.RLock] = {}
+_WRITERS_GUARD = threading.Lock()
+
+
+def _writer_lock(path: Path) -> threading.RLock:
+    """One lock per store file and process. DuckDB shares one database between a process's connections to a file,
+    and two of them writing at once (parallel pipeline workers in one SDK harness, as Flink runs them) abort each
+    other with a write-write conflict; the file lock only keeps other processes out."""
+    key = path.resolve()
+    with _WRITERS_GUARD:
+        return _WRITERS.setdefault(key, threading.RLock())
+
+
 @contextmanager
 def connect(path: str | Path, *, read_only: bool = False, wait_s: float = 10.0) -> Iterator[duckdb.DuckDBPyConnection]:
-    """Open the store, retrying while another process holds its lock, and close it afterwards."""
+    """Open the store, retrying while another process holds its lock, and close it afterwards.
+
+    Writers in one process take turns (see :func:`_writer_lock`); readers do not wait for them.
+    """
     path = Path(path)
     if read_only and not path.exists():
         raise FileNotFoundError(f"no prediction store at {path}: run `precursor pipeline run` first")
     path.parent.mkdir(parents=True, exist_ok=True)
+    if read_only:
+        with _open(path, read_only=True, wait_s=wait_s) as con:
+            yield con
+        return
+    with _writer_lock(path), _open(path, read_only=False, wait_s=wait_s) as con:
+        yield con
+
+
+@contextmanager
+def _open(path: Path, *, read_only: bool, wait_s: float) -> Iterator[duckdb.DuckDBPyConnection]:
     deadline = time.monotonic() + wait_s
     delay = 0.02
     while True:

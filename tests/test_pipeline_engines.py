@@ -1,4 +1,4 @@
-"""The same pipelines on another engine: Beam's portable runner (Prism) gives the local runner's results."""
+"""The same pipelines on other engines: Beam's portable Prism runner and Flink give the local runner's results."""
 
 from __future__ import annotations
 
@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 from contracts.settings import KafkaSettings
-from pipelines.engines import FLINK, LOCAL, PRISM, EngineError, EngineSettings, engine, install_prism
+from pipelines.engines import (
+    FLINK,
+    LOCAL,
+    PRISM,
+    EngineError,
+    EngineSettings,
+    engine,
+    install_flink,
+    install_prism,
+)
 from pipelines.labeling import read_dataset, run_labeling
 from pipelines.run import run_once
 from pipelines.settings import PipelineSettings
@@ -27,6 +36,13 @@ def engine_settings() -> EngineSettings:
     settings = EngineSettings(root=state_dir / "engines")
     install_prism(settings)
     return settings
+
+
+@pytest.fixture(scope="session")
+def flink_settings(engine_settings: EngineSettings) -> EngineSettings:
+    """Beam's Flink job server, resolved from Maven Central here if missing; an embedded Flink cluster per run."""
+    install_flink(engine_settings)
+    return engine_settings.model_copy(update={"parallelism": 2})
 
 
 def test_labeling_on_prism_gives_the_same_dataset_as_the_local_runner(
@@ -47,25 +63,45 @@ def test_labeling_on_prism_gives_the_same_dataset_as_the_local_runner(
 
 
 @pytest.mark.integration
-def test_ingest_with_alert_state_and_timers_on_prism_matches_the_local_runner(
+def test_labeling_on_flink_gives_the_same_dataset_as_the_local_runner(
+    tmp_path: Path, flink_settings: EngineSettings
+) -> None:
+    history = FleetHistory(
+        machines=5, hours=96, failures=[("pump-01", 30.5, "failure:seal"), ("pump-03", 60, "failure:bearing")]
+    )
+    store = store_history(tmp_path / "store.duckdb", history.messages(wavy))
+
+    local = run_labeling(store, tmp_path / "local", settings=SETTINGS, runner=LOCAL)
+    flink = run_labeling(store, tmp_path / "flink", settings=SETTINGS, runner=FLINK, engine_settings=flink_settings)
+
+    assert local.outcomes == flink.outcomes and local.outcomes["seal"] == 24 and local.outcomes["bearing"] == 24
+    assert (local.examples, local.pending) == (flink.examples, flink.pending) and local.pending > 0
+    assert read_dataset(tmp_path / "local").equals(read_dataset(tmp_path / "flink"))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("runner", [PRISM, FLINK])
+def test_ingest_with_alert_state_and_timers_on_a_portable_engine_matches_the_local_runner(
+    runner: str,
     tmp_path: Path,
     kafka_settings: KafkaSettings,
     second_topics: KafkaSettings,  # noqa: F811
-    engine_settings: EngineSettings,
+    request: pytest.FixtureRequest,
 ) -> None:
+    settings: EngineSettings = request.getfixturevalue("flink_settings" if runner == FLINK else "engine_settings")
     messages = FleetHistory(machines=3, hours=40).messages(wavy)
     produce(kafka_settings, messages)
     produce(second_topics, messages)
 
     local = run_once(kafka_settings, tmp_path / "local.duckdb", pipeline_settings=SETTINGS)
     portable = run_once(
-        second_topics, tmp_path / "prism.duckdb", pipeline_settings=SETTINGS, runner=PRISM,
-        engine_settings=engine_settings,
+        second_topics, tmp_path / "portable.duckdb", pipeline_settings=SETTINGS, runner=runner,
+        engine_settings=settings,
     )  # fmt: skip
 
     assert (portable.read, portable.stored, portable.alerts_raised) == (local.read, local.stored, local.alerts_raised)
     assert local.alerts_raised > 0
-    assert stored_alerts(tmp_path / "local.duckdb") == stored_alerts(tmp_path / "prism.duckdb")
+    assert stored_alerts(tmp_path / "local.duckdb") == stored_alerts(tmp_path / "portable.duckdb")
 
 
 def test_flink_runs_on_the_resolved_job_server_jar_with_an_embedded_cluster_by_default(tmp_path: Path) -> None:
