@@ -24,9 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -37,6 +34,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from infra.processes import BackgroundProcess, log_tail, port_in_use
 
 log = logging.getLogger(__name__)
 
@@ -69,40 +68,6 @@ class PrefectServerStatus(BaseModel):
     home: Path
 
 
-def _process_cmdline(pid: int) -> str | None:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        done = subprocess.run(["ps", "-ww", "-o", "command=", "-p", str(pid)], capture_output=True, text=True)
-        return done.stdout.strip() or None
-    return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part) or None
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] == "Z"
-
-
-def _port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return f"(no {path.name} yet)"
-
-
 def api_healthy(api_url: str, timeout_s: float = 2.0) -> bool:
     """Whether a Prefect API answers its health check at ``api_url`` (``http://host:port/api``)."""
     try:
@@ -131,7 +96,7 @@ class LocalPrefectServer(BaseSettings):
     port: Port = 4200
     ui: bool = Field(True, description="serve the dashboard too (it ships inside the prefect package)")
 
-    _process: subprocess.Popen[bytes] | None = PrivateAttr(None)
+    _service: BackgroundProcess | None = PrivateAttr(None)
 
     @field_validator("state_dir", "home_dir")
     @classmethod
@@ -181,7 +146,7 @@ class LocalPrefectServer(BaseSettings):
                 )
             say(f"Prefect server already running (pid {pid}) at {self.api_url}")
         else:
-            if _port_in_use(self.host, self.port):
+            if port_in_use(self.host, self.port):
                 raise PrefectServerError(
                     f"port={self.port} on {self.host} is in use by another process (not the Prefect server of "
                     f"{self.home}): stop it, or choose another port (PRECURSOR_LOCAL_PREFECT_PORT)"
@@ -194,22 +159,7 @@ class LocalPrefectServer(BaseSettings):
 
     def down(self, timeout_s: float = 30.0, report: Report | None = None) -> bool:
         """Stop our server: SIGTERM, then SIGKILL after ``timeout_s``. False when ours was not running."""
-        say = report or log.info
-        pid = self._running_pid()
-        if pid is None:
-            say(f"no Prefect server of {self.home} is running")
-            return False
-        say(f"stopping the Prefect server (pid {pid})")
-        os.kill(pid, signal.SIGTERM)
-        if not self._wait_for_exit(pid, timeout_s):
-            say(f"Prefect server (pid {pid}) still running after {timeout_s:.0f} s: killing it")
-            os.kill(pid, signal.SIGKILL)
-            if not self._wait_for_exit(pid, 10.0):
-                raise PrefectServerError(f"Prefect server pid {pid} survived SIGKILL")
-        self.pid_file.unlink(missing_ok=True)
-        self._process = None
-        say("Prefect server stopped")
-        return True
+        return self.service.stop(timeout_s, report or log.info, absent=f"no Prefect server of {self.home} is running")
 
     def status(self) -> PrefectServerStatus:
         """Our server's state. A running server reports the address it was started with, whatever the settings say."""
@@ -240,50 +190,30 @@ class LocalPrefectServer(BaseSettings):
             "--ui" if self.ui else "--no-ui",
         ]
 
+    @property
+    def service(self) -> BackgroundProcess:
+        """The server process, known by its pid file and its command line."""
+        if self._service is None:
+            self._service = BackgroundProcess(
+                self.pid_file,
+                is_ours=lambda cmdline: (
+                    "prefect server start" in cmdline and f"--port {self._running_port()}" in cmdline
+                ),
+                name="Prefect server",
+                error=PrefectServerError,
+            )
+        return self._service
+
     def _launch(self) -> int:
         self.home.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.environment()}
         env.pop("PREFECT_API_URL")  # the server itself is no client; an inherited URL would only confuse its logs
-        with self.log_file.open("ab") as out:
-            process = subprocess.Popen(
-                self.command(),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.home,
-                env=env,
-                start_new_session=True,  # outlives this process and ignores its Ctrl-C
-            )
-        self._process = process
-        self.pid_file.write_text(f"{process.pid}\n")
+        pid = self.service.launch(self.command(), output=self.log_file, cwd=self.home, env=env)
         self.address_file.write_text(json.dumps({"host": self.host, "port": self.port, "api_url": self.api_url}) + "\n")
-        return process.pid
-
-    def _is_ours(self, pid: int) -> bool:
-        cmdline = _process_cmdline(pid)
-        return cmdline is not None and "prefect server start" in cmdline and f"--port {self._running_port()}" in cmdline
-
-    def _alive(self, pid: int) -> bool:
-        if self._process is not None and self._process.pid == pid:
-            return self._process.poll() is None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return not _is_zombie(pid)
+        return pid
 
     def _running_pid(self) -> int | None:
-        """The pid of our live server; a stale pid file (process gone, or the pid reused) is removed."""
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None
-        if self._alive(pid) and self._is_ours(pid):
-            return pid
-        self.pid_file.unlink(missing_ok=True)
-        return None
+        return self.service.running_pid()
 
     def _running_address(self) -> dict[str, object]:
         try:
@@ -299,21 +229,13 @@ class LocalPrefectServer(BaseSettings):
         url = self._running_address().get("api_url")
         return str(url) if url else self.api_url
 
-    def _wait_for_exit(self, pid: int, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self._alive(pid):
-                return True
-            time.sleep(0.1)
-        return not self._alive(pid)
-
     def _wait_until_healthy(self, pid: int, deadline: float) -> None:
         while True:
-            if not self._alive(pid):
-                self.pid_file.unlink(missing_ok=True)
+            if not self.service.alive(pid):
+                self.service.forget()
                 raise PrefectServerError(
                     f"the Prefect server (pid {pid}) exited during start-up. Last lines of {self.log_file}:\n"
-                    f"{_tail(self.log_file)}"
+                    f"{log_tail(self.log_file, _LOG_TAIL_LINES)}"
                 )
             if api_healthy(self.api_url, timeout_s=1.0):
                 return
@@ -323,5 +245,5 @@ class LocalPrefectServer(BaseSettings):
         self.down(report=log.info)
         raise PrefectServerError(
             f"the Prefect server did not answer at {self.api_url} in time and was stopped. "
-            f"Last lines of {self.log_file}:\n{_tail(self.log_file)}"
+            f"Last lines of {self.log_file}:\n{log_tail(self.log_file, _LOG_TAIL_LINES)}"
         )

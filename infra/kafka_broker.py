@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
-import signal
 import socket
 import subprocess
 import time
@@ -48,6 +46,7 @@ from contracts.settings import KafkaSettings
 from contracts.topics import Topics
 from infra.kafka_admin import TopicsEnsured, broker_reachable, ensure_topics, list_topics
 from infra.maven_jars import MissingToolError, find_executable, resolve_runtime_jars
+from infra.processes import BackgroundProcess, log_tail, port_in_use
 
 __all__ = [
     "KAFKA_POM",
@@ -111,26 +110,6 @@ def new_cluster_id() -> str:
             return cluster_id
 
 
-def _process_cmdline(pid: int) -> str | None:
-    """The process's command line, arguments joined by spaces; None when there is no such process."""
-    if Path("/proc/self/cmdline").exists():
-        try:
-            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return None
-        return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part) or None
-    done = subprocess.run(["ps", "-ww", "-o", "command=", "-p", str(pid)], capture_output=True, text=True, check=False)
-    return done.stdout.strip() or None
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] == "Z"
-
-
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """``count`` distinct ports that nothing listens on right now, e.g. for a throwaway broker in a test.
 
@@ -143,23 +122,6 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         for probe in probes:  # all bound at once, so the kernel hands out different ports
             probe.bind((host, 0))
         return [probe.getsockname()[1] for probe in probes]
-
-
-def _port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return f"(no {path.name} yet)"
 
 
 class LocalKafka(BaseSettings):
@@ -190,7 +152,7 @@ class LocalKafka(BaseSettings):
     maven_executable: str = "mvn"
     lib_dir: Path | None = Field(None, description="where resolved jars go; <state_dir>/kafka/lib by default")
 
-    _process: subprocess.Popen[bytes] | None = PrivateAttr(None)
+    _service: BackgroundProcess | None = PrivateAttr(None)
 
     @field_validator("state_dir", "lib_dir")
     @classmethod
@@ -297,22 +259,7 @@ class LocalKafka(BaseSettings):
 
     def down(self, timeout_s: float = 30.0, report: Report | None = None) -> bool:
         """Stop our broker: SIGTERM, then SIGKILL after ``timeout_s``. False when ours was not running."""
-        say = report or log.info
-        pid = self._running_pid()
-        if pid is None:
-            say(f"no broker of {self.state_dir} is running")
-            return False
-        say(f"stopping broker (pid {pid})")
-        os.kill(pid, signal.SIGTERM)
-        if not self._wait_for_exit(pid, timeout_s):
-            say(f"broker (pid {pid}) still running after {timeout_s:.0f} s: killing it")
-            os.kill(pid, signal.SIGKILL)
-            if not self._wait_for_exit(pid, 10.0):
-                raise BrokerError(f"broker pid {pid} survived SIGKILL")
-        self.pid_file.unlink(missing_ok=True)
-        self._process = None
-        say("broker stopped")
-        return True
+        return self.service.stop(timeout_s, report or log.info, absent=f"no broker of {self.state_dir} is running")
 
     def status(self) -> BrokerStatus:
         """Our broker's state. A running broker reports the address it was started with, whatever the settings say."""
@@ -339,31 +286,20 @@ class LocalKafka(BaseSettings):
             setting="PRECURSOR_LOCAL_KAFKA_JAVA_EXECUTABLE",
         )
 
-    def _is_ours(self, pid: int) -> bool:
-        cmdline = _process_cmdline(pid)
-        return cmdline is not None and f" {_BROKER_MAIN} {self.properties_file}" in cmdline
-
-    def _alive(self, pid: int) -> bool:
-        if self._process is not None and self._process.pid == pid:
-            return self._process.poll() is None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return not _is_zombie(pid)
+    @property
+    def service(self) -> BackgroundProcess:
+        """The broker process, known by its pid file and its command line."""
+        if self._service is None:
+            self._service = BackgroundProcess(
+                self.pid_file,
+                is_ours=lambda cmdline: f" {_BROKER_MAIN} {self.properties_file}" in cmdline,
+                name="broker",
+                error=BrokerError,
+            )
+        return self._service
 
     def _running_pid(self) -> int | None:
-        """The pid of our live broker; a stale pid file (process gone, or the pid reused) is removed."""
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None
-        if self._alive(pid) and self._is_ours(pid):
-            return pid
-        self.pid_file.unlink(missing_ok=True)
-        return None
+        return self.service.running_pid()
 
     def _running_bootstrap(self) -> str:
         """The client address in the properties file the running broker was started with."""
@@ -373,17 +309,9 @@ class LocalKafka(BaseSettings):
                 return value.strip().removeprefix("PLAINTEXT://")
         raise BrokerError(f"{self.properties_file} has no advertised.listeners line")
 
-    def _wait_for_exit(self, pid: int, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self._alive(pid):
-                return True
-            time.sleep(0.1)
-        return not self._alive(pid)
-
     def _refuse_busy_ports(self) -> None:
         for name, port in (("port", self.port), ("controller_port", self.controller_port)):
-            if _port_in_use(self.host, port):
+            if port_in_use(self.host, port):
                 raise BrokerError(
                     f"{name}={port} on {self.host} is in use by another process (not the broker of {self.state_dir}):"
                     f" stop it, or choose another port (PRECURSOR_LOCAL_KAFKA_{name.upper()})"
@@ -422,28 +350,21 @@ class LocalKafka(BaseSettings):
             )
 
     def _launch(self, java: str, jars: Path) -> int:
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
-        with (self.logs_dir / "broker.out").open("ab") as out:
-            process = subprocess.Popen(
-                [*self._jvm_command(java, jars, _BROKER_MAIN), str(self.properties_file)],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.home,
-                start_new_session=True,  # outlives this process and ignores its Ctrl-C
-            )
-        self._process = process
-        self.pid_file.write_text(f"{process.pid}\n")
-        return process.pid
+        return self.service.launch(
+            [*self._jvm_command(java, jars, _BROKER_MAIN), str(self.properties_file)],
+            output=self.logs_dir / "broker.out",
+            cwd=self.home,
+        )
 
     def _wait_until_answering(self, pid: int, deadline: float) -> None:
         settings = self.kafka_settings()
         while True:
-            if not self._alive(pid):
-                self.pid_file.unlink(missing_ok=True)
+            if not self.service.alive(pid):
+                self.service.forget()
                 raise BrokerError(
                     f"the broker (pid {pid}) exited during start-up. Last lines of {self.logs_dir}:\n"
-                    f"{_tail(self.logs_dir / 'server.log')}\n{_tail(self.logs_dir / 'broker.out')}"
+                    f"{log_tail(self.logs_dir / 'server.log', _LOG_TAIL_LINES)}\n"
+                    f"{log_tail(self.logs_dir / 'broker.out', _LOG_TAIL_LINES)}"
                 )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -454,7 +375,8 @@ class LocalKafka(BaseSettings):
         self.down(report=log.info)
         raise BrokerError(
             f"the broker did not answer at {self.bootstrap} in time and was stopped. "
-            f"Last lines of {self.logs_dir / 'server.log'}:\n{_tail(self.logs_dir / 'server.log')}"
+            f"Last lines of {self.logs_dir / 'server.log'}:\n"
+            f"{log_tail(self.logs_dir / 'server.log', _LOG_TAIL_LINES)}"
         )
 
     # Configuration ------------------------------------------------------------------------------------------------
