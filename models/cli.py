@@ -70,6 +70,13 @@ def train_command(
     window_stats: Annotated[
         str, typer.Option(help="Statistics per sensor over the whole window, comma-separated (may be empty).")
     ] = "slope,std",
+    daily_profile: Annotated[
+        bool,
+        typer.Option(
+            "--daily-profile/--no-daily-profile",
+            help="Take each machine's usual hour-of-day profile out of its readings before binning (for load cycles).",
+        ),
+    ] = False,
     max_length: Annotated[int, typer.Option(min=8, help="Longest token sequence (the model's context).")] = 256,
     seed: Annotated[int, typer.Option(help="Random seed (weights, batch order).")] = 0,
     max_minutes: Annotated[float, typer.Option(min=0.01, help="Training time budget.")] = 8.0,
@@ -106,6 +113,7 @@ def train_command(
             blocks=blocks,
             block_stats=_stats(block_stats, "--block-stats"),  # type: ignore[arg-type]
             window_stats=_stats(window_stats, "--window-stats"),  # type: ignore[arg-type]
+            daily_profile=daily_profile,
             max_length=max_length,
             seed=seed,
             max_minutes=max_minutes,

@@ -83,11 +83,17 @@ def demo(
     machines: Annotated[int, typer.Option(help="simulated machines")] = 40,
     days: Annotated[float, typer.Option(help="simulated days of telemetry")] = 14.0,
     seed: Annotated[int, typer.Option(help="simulator seed")] = 7,
+    model: Annotated[
+        str, typer.Option(help="what the edge agents run: lm (trained on simulated history first) or drift-zscore")
+    ] = "lm",
 ) -> None:
-    """End to end on this machine: simulated fleet -> edge agents -> Kafka -> Beam -> store -> the at-risk table."""
+    """End to end on this machine: history -> signed int8 LM; simulated fleet -> edge agents -> Kafka -> Beam ->
+    store -> the at-risk table."""
     from precursor.demo import run_demo
 
-    run_demo(machines=machines, days=days, seed=seed)
+    if model not in ("lm", "drift-zscore"):
+        raise typer.BadParameter(f"{model!r}: choose lm or drift-zscore", param_hint="--model")
+    run_demo(machines=machines, days=days, seed=seed, model=model)
 
 
 def main() -> None:  # pragma: no cover - the console script
