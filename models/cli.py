@@ -87,7 +87,10 @@ def train_command(
     backbone: Annotated[
         Path | None, typer.Option(help="A local Hugging Face causal-LM checkpoint folder to fine-tune instead.")
     ] = None,
-    threads: Annotated[int, typer.Option(min=1, max=2, help="CPU threads for torch.")] = 1,
+    threads: Annotated[int, typer.Option(min=1, max=256, help="CPU threads for torch.")] = 1,
+    device: Annotated[
+        str, typer.Option(help="Where training runs: cpu, cuda, cuda:N, or auto (a GPU when torch sees one).")
+    ] = "cpu",
     signing_key: Annotated[
         Path | None, typer.Option(help="ed25519 private key: export the signed int8 ONNX artifact to --out.")
     ] = None,
@@ -123,6 +126,7 @@ def train_command(
             n_head=n_head,
             backbone=backbone,
             threads=threads,
+            device=device,
         )
     except ValidationError as err:
         raise _fail(f"invalid training settings: {err}") from None

@@ -187,10 +187,11 @@ def last_logits(
     for i in range(0, len(sequences), batch_size):
         batch = pack_sequences(sequences[i : i + batch_size], pad_id=pad_id, max_length=limit)
         logits = model(
-            input_ids=torch.from_numpy(batch.input_ids), attention_mask=torch.from_numpy(batch.attention_mask)
+            input_ids=torch.from_numpy(batch.input_ids).to(model.device),
+            attention_mask=torch.from_numpy(batch.attention_mask).to(model.device),
         ).logits  # (B, L, V)
-        index = torch.from_numpy(batch.last_index)
-        out.append(logits[torch.arange(len(index)), index].float().numpy())  # (B, V)
+        index = torch.from_numpy(batch.last_index).to(model.device)
+        out.append(logits[torch.arange(len(index), device=model.device), index].float().cpu().numpy())  # (B, V)
     model.train(was_training)
     return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
 

@@ -108,7 +108,10 @@ class TrainSettings(BaseModel):
     followup_loss_weight: Annotated[float, Field(ge=0)] = 0.5
     token_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
     ema_decay: Annotated[float, Field(ge=0, lt=1)] = 0.99
-    threads: Annotated[int, Field(ge=1, le=2)] = 1
+    threads: Annotated[int, Field(ge=1, le=256)] = 1
+    # Where training runs: the edge never trains, but a cloud retraining worker may have a GPU. The exported model is
+    # the same either way (weights come back to the CPU before export).
+    device: Annotated[str, Field(pattern=r"^(cpu|auto|cuda(:\d+)?)$")] = "cpu"
     # split
     validation_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
     min_validation_failures: Annotated[int, Field(ge=1)] = 3
@@ -225,20 +228,25 @@ def sequence_loss(
     answered = [[*ids, int(t)] for ids, t in zip(batch.ids, batch.targets, strict=True)]
     sequences = answered if feed_answer else batch.ids
     packed = pack_sequences(sequences, pad_id=pad_id, max_length=context)
-    input_ids = torch.from_numpy(packed.input_ids)
-    logits = model(input_ids=input_ids, attention_mask=torch.from_numpy(packed.attention_mask)).logits  # (B, L, V)
+    device = model.device
+
+    def tensor(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(device, non_blocking=True)
+
+    input_ids = tensor(packed.input_ids)
+    logits = model(input_ids=input_ids, attention_mask=tensor(packed.attention_mask)).logits  # (B, L, V)
     question = packed.last_index - 1 if feed_answer else packed.last_index  # where each horizon token sits
-    rows = torch.arange(len(question))
-    outcome_loss = F.cross_entropy(logits[rows, torch.from_numpy(question)], torch.from_numpy(batch.targets))
+    rows = torch.arange(len(question), device=device)
+    outcome_loss = F.cross_entropy(logits[rows, tensor(question)], tensor(batch.targets))
     total = outcome_loss
-    followup_loss = torch.zeros(())
+    followup_loss = torch.zeros((), device=device)
     if feed_answer:
-        answer = torch.from_numpy(packed.last_index)
-        followup_loss = F.cross_entropy(logits[rows, answer], torch.from_numpy(batch.followups))
+        answer = tensor(packed.last_index)
+        followup_loss = F.cross_entropy(logits[rows, answer], tensor(batch.followups))
         total = total + followup_loss_weight * followup_loss
-    body_loss = torch.zeros(())
+    body_loss = torch.zeros((), device=device)
     if aux_loss_weight > 0:
-        wanted = torch.from_numpy(auxiliary_targets(batch, question, input_ids.shape[1]))  # (B, L-1)
+        wanted = tensor(auxiliary_targets(batch, question, input_ids.shape[1]))  # (B, L-1)
         body_loss = F.cross_entropy(logits[:, :-1][wanted], input_ids[:, 1:][wanted])
         total = total + aux_loss_weight * body_loss
     return Losses(total, outcome_loss.item(), followup_loss.item(), body_loss.item())
@@ -271,6 +279,7 @@ def fit_model(
     torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)
+    model.to(training_device(settings.device))
     context = context_length(model)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -351,8 +360,20 @@ def fit_model(
             break
     if best_state is not None:
         model.load_state_dict(best_state)
+    model.to("cpu")  # export, saving and the scorers downstream work on the CPU
     model.eval()
     return FitResult(model, best_step, best_metrics, history, time.monotonic() - started)
+
+
+def training_device(name: str) -> torch.device:
+    """``cpu``, ``cuda[:N]``, or ``auto`` (the first GPU when torch sees one, else the CPU); a clear error for a GPU
+    that is not there."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r}: torch sees no CUDA GPU here (use cpu or auto)")
+    return device
 
 
 def _ema(decay: float) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:

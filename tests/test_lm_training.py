@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 
 from models.dataset import Fleet, WindowSpec, build_windows, choose_split, split_windows
 from models.evaluate import average_precision
@@ -24,7 +25,15 @@ from models.model import (
 )
 from models.outcome import pack_sequences
 from models.tokenizer import TelemetryTokenizer
-from models.train import EncodedWindows, TrainSettings, auxiliary_targets, hide_readings, sequence_loss, train
+from models.train import (
+    EncodedWindows,
+    TrainSettings,
+    auxiliary_targets,
+    hide_readings,
+    sequence_loss,
+    train,
+    training_device,
+)
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -293,3 +302,15 @@ def test_token_dropout_hides_only_sensor_readings(tiny_fleet: dict[str, Path]) -
     readings = sum(int((missing[np.asarray(s)] >= 0).sum()) for s in encoded.ids)
     assert 0.3 * readings < changed < 0.7 * readings
     assert hidden.targets is encoded.targets
+
+
+def test_training_device_is_chosen_on_purpose() -> None:
+    assert training_device("cpu").type == "cpu"
+    assert training_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.cuda.is_available():
+        assert training_device("cuda:0").type == "cuda"
+    else:
+        with pytest.raises(ValueError, match="torch sees no CUDA GPU here"):
+            training_device("cuda")
+    with pytest.raises(ValidationError, match="device"):
+        TrainSettings(horizon_h=24, device="gpu")
