@@ -107,6 +107,9 @@ class Engine:
     name: str
     runner: beam.runners.PipelineRunner | str
     options: PipelineOptions
+    bundle_per_key: bool = False
+    """The engine hands a stateful stage's output on one bundle per key (Flink in batch mode does): a sink that writes
+    once per bundle should regroup first, or it writes once per machine."""
 
     def pipeline(self) -> beam.Pipeline:
         return beam.Pipeline(runner=self.runner, options=self.options)
@@ -140,7 +143,7 @@ def engine(name: str, beam_args: list[str] | None = None, settings: EngineSettin
             f"--parallelism={settings.parallelism}",
             *(f"--job_server_jvm_properties={opening}" for opening in _JAVA17_OPENS),
         ]
-        return Engine(name, "FlinkRunner", PipelineOptions(args + extra))
+        return Engine(name, "FlinkRunner", PipelineOptions(args + extra), bundle_per_key=True)
     return Engine(name, name, PipelineOptions([f"--runner={name}", *extra]))
 
 

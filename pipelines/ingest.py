@@ -278,11 +278,16 @@ class _IngestTopic(beam.PTransform):
     key: int = MACHINE
     counter_prefix: str = ""
 
-    def __init__(self, ranges: list[PartitionRange], settings: KafkaSettings, store_path: str) -> None:
+    def __init__(
+        self, ranges: list[PartitionRange], settings: KafkaSettings, store_path: str, *, regroup: bool = False
+    ) -> None:
+        """``regroup``: reshuffle the records before the store writes them, for engines that would otherwise hand
+        the writer one small bundle per machine (one transaction each)."""
         super().__init__()
         self._ranges = ranges
         self._settings = settings
         self._store_path = store_path
+        self._regroup = regroup
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         parsed = (
@@ -297,11 +302,10 @@ class _IngestTopic(beam.PTransform):
         prefix = self.counter_prefix or self.model.__name__
         duplicates = f"{prefix}.duplicates_dropped" if self.counter_prefix else "duplicates_dropped"
         per_key = parsed["valid"] | "DropDuplicates" >> DropDuplicates(self.event_time, self.key, duplicates)
-        _ = (
-            per_key
-            | "EachRecord" >> beam.FlatMap(_each_record)
-            | "WriteToStore" >> beam.ParDo(WriteToStore(self._store_path, self.table, self.to_batch, prefix))
-        )
+        records = per_key | "EachRecord" >> beam.FlatMap(_each_record)
+        if self._regroup:
+            records = records | "RegroupForWrite" >> beam.Reshuffle()
+        _ = records | "WriteToStore" >> beam.ParDo(WriteToStore(self._store_path, self.table, self.to_batch, prefix))
         return per_key
 
 

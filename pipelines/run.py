@@ -90,10 +90,14 @@ def run_once(
         report.seconds = time.monotonic() - started
         return report
 
-    pipeline = engine(runner, beam_args, engine_settings).pipeline()
+    chosen = engine(runner, beam_args, engine_settings)
+    pipeline = chosen.pipeline()
     path = str(store_path)
+    regroup = chosen.bundle_per_key
     if any(r.size for r in prediction_ranges):
-        predictions = pipeline | "IngestPredictions" >> IngestPredictions(prediction_ranges, settings, path)
+        predictions = pipeline | "IngestPredictions" >> IngestPredictions(
+            prediction_ranges, settings, path, regroup=regroup
+        )
         _ = predictions | "RaiseAlerts" >> RaiseAlerts(
             pipeline_settings.alert_rule,
             pipeline_settings.allowed_lateness_s * 1_000_000,
@@ -102,9 +106,9 @@ def run_once(
             path,
         )
     if any(r.size for r in event_ranges):
-        _ = pipeline | "IngestEvents" >> IngestEvents(event_ranges, settings, path)
+        _ = pipeline | "IngestEvents" >> IngestEvents(event_ranges, settings, path, regroup=regroup)
     if any(r.size for r in heartbeat_ranges):
-        _ = pipeline | "IngestHeartbeats" >> IngestHeartbeats(heartbeat_ranges, settings, path)
+        _ = pipeline | "IngestHeartbeats" >> IngestHeartbeats(heartbeat_ranges, settings, path, regroup=regroup)
     result = pipeline.run()
     result.wait_until_finish()
 

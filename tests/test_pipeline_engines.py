@@ -110,6 +110,7 @@ def test_flink_runs_on_the_resolved_job_server_jar_with_an_embedded_cluster_by_d
     flink = engine(FLINK, ["--max_parallelism=4"], EngineSettings(root=tmp_path, flink_job_server_jar=jar))
     options = flink.options.get_all_options(drop_default=True)
     assert flink.runner == "FlinkRunner"
+    assert flink.bundle_per_key and not engine(LOCAL).bundle_per_key  # so ingest regroups before its store writes
     assert options["flink_master"] == "[local]" and options["flink_job_server_jar"] == str(jar)
     assert options["environment_type"] == "LOOPBACK" and options["parallelism"] == 2
     assert options["max_parallelism"] == 4
