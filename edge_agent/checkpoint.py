@@ -19,11 +19,13 @@ from array import array
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from itertools import chain
+from operator import itemgetter
 
 from contracts.messages import Event
 from edge_agent.config import WindowSpec
 from edge_agent.records import Reading
 
+_machine, _time, _sensors, _values = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)  # of a Reading
 _MAGIC = b"PCJ1"
 _HEADER = struct.Struct("<4sII")  # magic, rows, bytes of machine ids
 
@@ -89,7 +91,7 @@ class WindowCheckpoint:
         self._layouts: dict[tuple[str, ...], int] = {}
         self._last_layout: tuple[tuple[str, ...], int] | None = None
         # Accepted readings wait here as they are until the commit packs them: one list append per reading on the
-        # hot path, and the packing done in bulk (see _pack_accepted).
+        # hot path, and the packing done in bulk (see _pack).
         self._accepted: list[Reading] = []
         self._marks: dict[str, int] = {}
         self._events: list[tuple[str, float, str]] = []
@@ -113,15 +115,23 @@ class WindowCheckpoint:
     def accepted(self, reading: Reading) -> None:
         self._accepted.append(reading)
 
-    def _pack_accepted(self) -> bytes:
-        """The readings accepted since the last commit, as one journal blob (what ``ReadingColumns.add`` per reading
-        would give, column by column)."""
-        rows, layout = self._accepted, self._layout
+    def accepted_many(self, readings: list[Reading]) -> None:
+        self._accepted += readings
+
+    def _pack(self, rows: list[Reading]) -> bytes:
+        """Readings as one journal blob (what ``ReadingColumns.add`` per reading would give, column by column).
+
+        No Python-level step per reading: a source's readings share a handful of sensor tuples, so each distinct
+        tuple object (by identity, in order of first use, as ids are handed out) is looked up once."""
+        sensors = list(map(_sensors, rows))
+        by_object = dict(zip(map(id, sensors), sensors, strict=True))
+        layout_of = {key: self._layout(names) for key, names in by_object.items()}
         columns = ReadingColumns()
-        columns.machines = [r[0] for r in rows]
-        columns.times = array("d", [r[1] for r in rows])
-        columns.layouts = array("i", [layout(r[2]) for r in rows])
-        columns.values = array("d", chain.from_iterable([r[3] for r in rows]))
+        columns.machines = list(map(_machine, rows))
+        # From lists, not iterators: an array grows an item at a time from an iterator, at a third more cost.
+        columns.times = array("d", list(map(_time, rows)))
+        columns.layouts = array("i", list(map(layout_of.__getitem__, map(id, sensors))))
+        columns.values = array("d", list(chain.from_iterable(map(_values, rows))))
         return columns.pack()
 
     def emitted(self, machine_id: str, boundary: int) -> None:
@@ -135,20 +145,20 @@ class WindowCheckpoint:
     def write(self, db: sqlite3.Connection) -> None:
         """Write what changed since the last commit (inside the caller's transaction)."""
         if self._accepted:
-            blob = self._pack_accepted()  # first: it may find new layouts
+            blob = self._pack(self._accepted)  # first: it may find new layouts
             self._write_layouts(db)
             db.execute("INSERT INTO window_deltas (readings) VALUES (?)", (blob,))
         self._write_marks_and_events(db)
 
     def write_snapshot(self, db: sqlite3.Connection, held: Iterable[Reading]) -> None:
         """Replace the journal by the readings the builder holds now (inside the caller's transaction)."""
-        columns = ReadingColumns()
-        for reading in held:
-            columns.add(reading, self._layout(reading.sensors))
+        # Packed column by column, as the deltas are: a minute of a thousand machines' readings is 60,000 of them,
+        # and a reading at a time would hold up the readings waiting for this commit by 0.1 s.
+        blob = self._pack(list(held))
         self._write_layouts(db)
         db.execute("DELETE FROM window_deltas")
         db.execute("DELETE FROM window_snapshot")
-        db.execute("INSERT INTO window_snapshot (id, readings) VALUES (1, ?)", (columns.pack(),))
+        db.execute("INSERT INTO window_snapshot (id, readings) VALUES (1, ?)", (blob,))
         self._write_marks_and_events(db)
         db.execute(
             "DELETE FROM window_events WHERE t < (SELECT m.emitted_until - ? FROM window_marks m "

@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -240,10 +241,61 @@ class RecordParser:
             values.append(v)
         return tuple(values)
 
+    def csv_block(self, layout: CsvLayout, rows: list[str]) -> list[Record] | None:
+        """The readings of CSV rows (no line ends) when every row is the usual one: the header's number of fields,
+        no quotes, a valid timestamp and machine id, every sensor field a finite number. None otherwise (the caller
+        then goes row by row, which finds the bad rows and says why): the result, when there is one, is exactly what
+        :meth:`csv_row` gives row by row.
+
+        Why by block: a row costs about 12 ``str`` objects and 10 ``float`` calls whatever is done, but split once
+        for the block, converted a column at a time and zipped back into rows, nothing of it runs in the
+        interpreter's loop, which is most of what the row-by-row shortcut costs beyond that.
+        """
+        if not rows or layout.error or layout.event is not None or not layout.sensors:
+            return None
+        width = len(layout.header)
+        body = "\n".join(rows)
+        # One comma count per row proves every row has the header's width: a total alone would let a row with an
+        # extra field and one short of a field pass together, every field after them read from the wrong column.
+        if (
+            '"' in body
+            or "\r" in body
+            or body.count("\n") != len(rows) - 1
+            or set(map(str.count, rows, repeat(","))) != {width - 1}
+        ):
+            return None
+        fields = body.replace("\n", ",").split(",")
+        stamps = fields[layout.timestamp :: width]
+        machines = fields[layout.machine_id :: width]
+        try:
+            distinct = set(stamps)
+            if len(distinct) == 1:
+                times: Iterable[float] = repeat(self.timestamp(stamps[0]))
+            else:
+                at = {stamp: self.timestamp(stamp) for stamp in distinct}
+                times = map(at.__getitem__, stamps)
+            for machine in set(machines).difference(self._identifiers):
+                self.machine_id(machine)
+            columns = [list(map(float, fields[c::width])) for c in layout.columns]
+        except ValueError:
+            return None
+        total = sum(map(sum, columns))
+        if total - total != 0.0:  # a NaN or an infinity somewhere (or finite values that overflow a sum)
+            return None
+        return list(
+            map(_new_reading, repeat(Reading), zip(machines, times, repeat(layout.sensors), zip(*columns, strict=True)))
+        )
+
     def csv_lines(self, layout: CsvLayout, lines: list[str], first_line: int) -> list[Record]:
         """The records of consecutive CSV lines (newlines included; blank lines skipped). The same result as
-        :meth:`csv_row` line by line, with the usual row (a known timestamp and machine, every field a finite
-        number) taking a shortcut."""
+        :meth:`csv_row` line by line: a block of usual rows goes through :meth:`csv_block`, and a block with an
+        unusual row goes line by line, the usual row (a known timestamp and machine, every field a finite number)
+        taking a shortcut there."""
+        rows = list(map(str.rstrip, lines, repeat("\r\n")))
+        if "" not in rows:  # a blank line is skipped, which the line-by-line path does
+            block = self.csv_block(layout, rows)
+            if block is not None:
+                return block
         out: list[Record] = []
         append = out.append
         if layout.error or layout.event is not None or not layout.sensors:

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import repeat
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -205,10 +206,16 @@ class FileTail:
             if len(lines) > 1:
                 opened.mark = (opened.mark + pending[: len(pending) - len(lines[-1])])[-_MARK:]
             pending = lines.pop()
-            for raw in lines:
-                start = opened.offset
-                opened.offset += len(raw) + 1
-                items.extend(self._records(opened, raw, start))
+            block = self._csv_block(opened, lines)
+            if block is not None:
+                self.lines += len(lines)
+                opened.offset += sum(map(len, lines)) + len(lines)
+                items.extend(block)
+            else:
+                for raw in lines:
+                    start = opened.offset
+                    opened.offset += len(raw) + 1
+                    items.extend(self._records(opened, raw, start))
             if len(pending) > self.max_line:
                 # A line this long is garbage (or a binary file): quarantine its start and skip to its end.
                 items.append(
@@ -251,6 +258,24 @@ class FileTail:
 
     def _position(self, opened: _Open) -> str:
         return json.dumps({"inode": opened.inode, "offset": opened.offset})
+
+    def _csv_block(self, opened: _Open, lines: list[bytes]) -> list[Record] | None:
+        """The readings of complete CSV lines after the header, parsed together when every line is a usual row (see
+        :meth:`RecordParser.csv_block`); None sends them through :meth:`_records` one by one, which says what is wrong
+        with a bad one and where."""
+        if self.format != "csv" or opened.layout is None or not lines:
+            return None
+        try:
+            # Decodes where each line decodes: a newline byte cannot be part of a multi-byte character.
+            text = b"\n".join(lines).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        rows = text.split("\n")
+        if "\r" in text:
+            rows = list(map(str.rstrip, rows, repeat("\r")))  # as _records does
+        if "" in rows:  # a blank line is skipped, which _records does
+            return None
+        return self.parser.csv_block(opened.layout, rows)
 
     def _records(self, opened: _Open, raw: bytes, offset: int) -> list[Record]:
         self.lines += 1

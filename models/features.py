@@ -262,11 +262,9 @@ def block_statistics(
     # the same numbers in the same order, so the tokens never depend on which path a window took.
     x_all = np.ascontiguousarray(values[rows])
     hours = t_all / HOUR_S
-    start = end_s - window_s
-    which = np.minimum(((t_all - start) / window_s * blocks).astype(np.int64), blocks - 1)
-    per_block, extra = divmod(len(which), blocks)
+    per_block = len(t_all) // blocks
     with np.errstate(all="ignore"):
-        if not extra and (blocks == 1 or np.array_equal(which, np.repeat(np.arange(blocks), per_block))):
+        if evenly_filled(t_all, end_s=end_s, window_s=window_s, blocks=blocks):
             # Evenly filled blocks (regular sampling, the usual case): every block at once, as (blocks, n, S).
             _fill_statistics(
                 out,
@@ -275,6 +273,7 @@ def block_statistics(
                 hours.reshape(blocks, per_block, 1),
             )
         else:
+            which = np.minimum(((t_all - (end_s - window_s)) / window_s * blocks).astype(np.int64), blocks - 1)
             for b in range(blocks):
                 in_block = which == b
                 if in_block.any():
@@ -283,6 +282,41 @@ def block_statistics(
 
 
 _KNOWN_STATISTICS = frozenset(STATISTICS)
+
+
+def evenly_filled(t_all: np.ndarray, *, end_s: int, window_s: float, blocks: int) -> bool:
+    """Whether a window's times (``t_all``, float64, the rows :func:`window_rows` picks, at least one) fill its
+    ``blocks`` evenly, in order: regular sampling, for which :func:`block_statistics` takes every block at once."""
+    per_block, extra = divmod(len(t_all), blocks)
+    if extra:
+        return False
+    if blocks == 1:
+        return True
+    which = np.minimum(((t_all - (end_s - window_s)) / window_s * blocks).astype(np.int64), blocks - 1)
+    return bool(np.array_equal(which, np.repeat(np.arange(blocks), per_block)))
+
+
+def even_block_statistics(
+    x: np.ndarray, hours: np.ndarray, *, blocks: int, stats: Iterable[str]
+) -> dict[str, np.ndarray]:
+    """:func:`block_statistics` of several evenly filled windows of the same length at once: ``x`` ``(W, n, S)``
+    (C order) their values, ``hours`` ``(W, n)`` their times in hours; name -> ``(W, blocks, S)``.
+
+    The same numbers to the last bit as one window at a time: every sum still runs over one block's rows in row
+    order, the windows just stack on the axis the blocks already stack on (the edge scores windows in batches, and
+    numpy's cost per call, not per number, is most of a window's).
+    """
+    n_windows, n, n_sensors = x.shape
+    per_block = n // blocks
+    out = {name: np.full((n_windows * blocks, n_sensors), np.nan) for name in STATISTICS if name in frozenset(stats)}
+    with np.errstate(all="ignore"):
+        _fill_statistics(
+            out,
+            slice(None),
+            x.reshape(n_windows * blocks, per_block, n_sensors),
+            hours.reshape(n_windows * blocks, per_block, 1),
+        )
+    return {name: v.reshape(n_windows, blocks, n_sensors) for name, v in out.items()}
 
 
 def _fill_statistics(out: dict[str, np.ndarray], at: slice, x: np.ndarray, t: np.ndarray) -> None:

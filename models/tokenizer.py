@@ -53,8 +53,11 @@ from models.features import (
     HOUR_S,
     SensorScaling,
     block_statistics,
+    even_block_statistics,
+    evenly_filled,
     fit_scaling,
     window_context,
+    window_rows,
 )
 from models.outcome import OK, outcome_token
 from models.scoring import ANY_FAILURE, Window
@@ -75,6 +78,9 @@ MAX_ERROR_CODES = 64
 NUMERIC_ATTRIBUTE_BINS = 8
 MAX_FIT_WINDOWS = 20_000
 MAX_CACHED_ATTRIBUTE_SETS = 65_536
+ENCODE_BATCH = 256
+"""Windows :meth:`TelemetryTokenizer.encode_many` works out together: training encodes thousands, and the arrays of a
+batch (windows x rows x sensors) should stay small."""
 
 Statistic = Literal["mean", "std", "slope", "last", "min", "max"]
 
@@ -424,6 +430,56 @@ class TelemetryTokenizer:
         The same ids as :meth:`_encode_plain` (the token-text path, kept as the reference and tested against), made
         from id tables filled at fit or load time: the edge encodes every window, and text costs time there.
         """
+        head, events_by_block = self._head_ids(window)
+        stats = self._statistics(window, self.state.scaling)
+        stacked = np.concatenate([stats[key] for key in self._statistic_keys()])  # (R, S), rows as in _row_edges
+        return self._assemble(head, events_by_block, self._binned_ids(stacked[None])[0])
+
+    def encode_many(self, windows: Iterable[Window]) -> list[list[int]]:
+        """:meth:`encode` of each window, the same ids, with the statistics of evenly sampled windows of one length
+        worked out together (see :func:`models.features.even_block_statistics`) and binned together: numpy's cost
+        per call is most of a window's, and the edge scores windows in batches."""
+        windows = list(windows)
+        out: list[list[int]] = []
+        for start in range(0, len(windows), ENCODE_BATCH):
+            out += self._encode_batch(windows[start : start + ENCODE_BATCH])
+        return out
+
+    def _encode_batch(self, windows: Sequence[Window]) -> list[list[int]]:
+        s, state = self.settings, self.state
+        window_s = s.window_h * HOUR_S
+        keys = self._statistic_keys()
+        stacked: list[np.ndarray | None] = [None] * len(windows)
+        groups: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = {}  # rows -> (index, values, hours)
+        for i, window in enumerate(windows):
+            end_s = int(window.end.timestamp())
+            rows = window_rows(window.timestamps, end_s, window_s)
+            t_all = window.timestamps[rows].astype(np.float64)
+            if len(t_all) and evenly_filled(t_all, end_s=end_s, window_s=window_s, blocks=s.blocks):
+                values = state.scaling.apply(window)[rows]
+                groups.setdefault(len(t_all), []).append((i, values, t_all / HOUR_S))
+            else:
+                stats = self._statistics(window, state.scaling)
+                stacked[i] = np.concatenate([stats[key] for key in keys])
+        for members in groups.values():
+            x = np.ascontiguousarray(np.stack([values for _, values, _ in members]))  # (W, n, S)
+            hours = np.stack([h for _, _, h in members])  # (W, n)
+            parts: dict[str, np.ndarray] = {}
+            if s.block_stats:
+                parts.update(even_block_statistics(x, hours, blocks=s.blocks, stats=s.block_stats))
+            if s.window_stats:
+                whole = even_block_statistics(x, hours, blocks=1, stats=s.window_stats)
+                parts.update({f"w{stat}": whole[stat] for stat in s.window_stats})
+            rows_of = np.concatenate([parts[key] for key in keys], axis=1)  # (W, R, S)
+            for k, (i, _, _) in enumerate(members):
+                stacked[i] = rows_of[k]
+        ids = self._binned_ids(np.stack(stacked))  # type: ignore[arg-type]
+        return [
+            self._assemble(*self._head_ids(window), sensor_ids) for window, sensor_ids in zip(windows, ids, strict=True)
+        ]
+
+    def _head_ids(self, window: Window) -> tuple[list[int], list[list[str]]]:
+        """The context's ids (up to the recent errors), and the event tokens of each block."""
         s, state, vocab = self.settings, self.state, self._vocab
         context = window_context(window, window_h=s.window_h, blocks=s.blocks, event_lookback_h=s.event_lookback_h)
         ids = [self._bos_id, *self._attributes_as_ids(window.attributes)]
@@ -453,14 +509,19 @@ class TelemetryTokenizer:
                 else:
                     next(b for b in events_by_block if b).pop(0)
             ids += [vocab[t] for t in recent]
+        return ids, events_by_block
 
-        stats = self._statistics(window, state.scaling)
-        stacked = np.concatenate([stats[key] for key in self._statistic_keys()])  # (R, S), rows as in _row_edges
+    def _binned_ids(self, stacked: np.ndarray) -> np.ndarray:
+        """Statistics ``(W, R, S)`` (rows as in ``_row_edges``) to their sensors' token ids, ``(W, R, S)``."""
         with np.errstate(invalid="ignore"):
             # The number of edges <= value: numpy's searchsorted(side="right"), for every row and sensor at once.
-            bins = (stacked[:, :, None] >= self._row_edges).sum(axis=2)
-        bins = np.where(np.isfinite(stacked), bins, s.bins)  # the last column is the "missing" token
-        sensor_ids = self._row_ids[self._row_base + bins]  # (R, S)
+            bins = (stacked[..., None] >= self._row_edges).sum(axis=-1)
+        bins = np.where(np.isfinite(stacked), bins, self.settings.bins)  # the last column is the "missing" token
+        return self._row_ids[self._row_base + bins]  # type: ignore[no-any-return]
+
+    def _assemble(self, ids: list[int], events_by_block: list[list[str]], sensor_ids: np.ndarray) -> list[int]:
+        """The head's ids, then each block's statistic ids and events, the trend, the horizon."""
+        s, vocab = self.settings, self._vocab
         n_sensors, n_block_stats = sensor_ids.shape[1], len(s.block_stats)
         if n_block_stats:
             per_block = (
@@ -498,9 +559,6 @@ class TelemetryTokenizer:
     def _encode_plain(self, window: Window) -> list[int]:
         """:meth:`encode` the plain way, through token text: the reference the fast path is tested against."""
         return [self._vocab[t] if isinstance(t, str) else t for t in self._tokens(window)]
-
-    def encode_many(self, windows: Iterable[Window]) -> list[list[int]]:
-        return [self.encode(w) for w in windows]
 
     def tokens(self, window: Window) -> list[str]:
         """The window as token text (for reading and debugging); ``encode`` gives the ids of these."""

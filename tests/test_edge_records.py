@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from contracts.formats import RowError
 from contracts.messages import Event, TelemetryReading
-from edge_agent.records import Reading, RecordParser
+from edge_agent.records import Reading, RecordParser, csv_fields
 
 HEADER = ["timestamp", "machine_id", "temp", "vib"]
 
@@ -108,3 +110,48 @@ def test_reading_from_the_contract_model_matches_the_fast_path() -> None:
     contract = TelemetryReading(timestamp="2026-01-01T00:00:00Z", machine_id="m1", values={"vib": 1.0, "temp": None})
     fast = Reading.from_contract(contract)
     assert fast.sensors == ("temp", "vib") and math.isnan(fast.values[0]) and fast.values[1] == 1.0
+
+
+good_fields = st.tuples(
+    st.sampled_from(["2026-01-01T00:00:00Z", "2026-01-01T00:00:01Z", "1767225602", " 1767225603.5"]),
+    st.sampled_from(["pump-1", "pump-2", "fan.3"]),
+    st.floats(allow_nan=False, allow_infinity=False, width=32).map(repr),
+    st.integers(-(10**6), 10**6).map(str),
+)
+odd_field = st.sampled_from(["", " ", "nan", "inf", "-Infinity", "1e400", "1_000", "0x10", "hot", '"1"', "1;2", "١٢"])
+
+
+@st.composite
+def csv_line(draw: st.DrawFn) -> str:
+    fields = list(draw(good_fields))
+    if draw(st.integers(0, 3)) == 0:  # a fault somewhere: an odd field, a field too many or too few, a bad id
+        kind = draw(st.integers(0, 4))
+        if kind == 0:
+            fields[draw(st.integers(0, 3))] = draw(odd_field)
+        elif kind == 1:
+            fields.append("7")
+        elif kind == 2:
+            fields.pop()
+        elif kind == 3:
+            fields[1] = "pump 9"
+        else:
+            fields = [draw(st.text(",\r\t 1x", max_size=6))]
+    ending = draw(st.sampled_from(["\n", "\n", "\n", "\r\n"]))
+    return ",".join(fields) + ending
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(csv_line(), min_size=1, max_size=40), st.booleans())
+def test_csv_lines_in_a_block_give_what_csv_row_gives_line_by_line(lines: list[str], last_unended: bool) -> None:
+    if last_unended:
+        lines[-1] = lines[-1].rstrip("\r\n")
+    reference = RecordParser("t.csv")
+    layout = reference.csv_layout(HEADER)
+    expected = []
+    for n, text in enumerate(lines, start=2):
+        text = text.rstrip("\r\n")
+        if text:
+            expected.append(reference.csv_row(layout, csv_fields(text), n, text))
+    parser = RecordParser("t.csv")
+    got = parser.csv_lines(parser.csv_layout(HEADER), lines, 2)
+    assert repr(got) == repr(expected)  # repr: NaN != NaN, and the float types and reasons must match too

@@ -179,3 +179,25 @@ def test_tail_and_mqtt_config_paths_are_relative_to_the_config_file(tmp_path: Pa
     tail_spec, mqtt_spec = config.sources
     assert tail_spec.path == tmp_path / "logs/t.csv"  # type: ignore[union-attr]
     assert mqtt_spec.ca_file == tmp_path / "ca.pem"  # type: ignore[union-attr]
+
+
+def test_tail_csv_blocks_give_what_line_by_line_gives_with_crlf_and_bad_lines_in_between(tmp_path: Path) -> None:
+    # Lines past the header go in blocks when every line of a read is a usual row, else one by one: the readings,
+    # the refusals and their byte offsets must not tell which.
+    good = [f"{1767225600 + i},m{i % 3},{i}.5,{i}\r\n" for i in range(3000)]
+    bad = ["1767225600,m1,hot,1\r\n", "\xe9t\xe9,m1,1,1\n", "1767225600,m1,1\n", "   \n", "1767225601,m 1,1,1\n"]
+    text = "timestamp,machine_id,temp,vib\r\n" + "".join(good[:2000]) + "".join(bad) + "".join(good[2000:])
+    path = tmp_path / "t.csv"
+    path.write_bytes(text.encode("utf-8") + b"1767229000,m1,\xff,1\n")
+    follower = Follower(tail(path))
+    follower.until(3000)
+    follower.close()
+    items = [item for b in follower.batches for item in b.items]
+    readings = [i for i in items if isinstance(i, Reading)]
+    assert [(r.machine_id, r.t, r.sensors, r.values) for r in readings] == [
+        (f"m{i % 3}", 1767225600.0 + i, ("temp", "vib"), (i + 0.5, float(i))) for i in range(3000)
+    ]
+    errors = [(e.line, e.reason.split(" ")[0]) for e in items if isinstance(e, RowError)]
+    offset = len(("timestamp,machine_id,temp,vib\r\n" + "".join(good[:2000])).encode())
+    assert errors[0] == (offset, "sensor")
+    assert [reason for _, reason in errors] == ["sensor", "timestamp='été'", "has", "machine_id='m", "not"]

@@ -1,8 +1,10 @@
 """The edge's fast paths give exactly what the plain ones give: the same statistics to the last bit, the same ids.
 
 ``block_statistics`` is checked against a frozen copy of the per-block loop it replaced (what every tokenizer so far
-was fitted with), and ``TelemetryTokenizer.encode`` (id tables) against ``_encode_plain`` (token text), over windows
-with gaps, irregular times, events, attributes, unseen machines and sensors, under several tokenizer settings.
+was fitted with), ``even_block_statistics`` (many windows at once) against it, ``TelemetryTokenizer.encode`` (id
+tables) against ``_encode_plain`` (token text), and ``encode_many`` (a batch's statistics together) against
+``encode``, over windows with gaps, irregular times, events, attributes, unseen machines and sensors, under several
+tokenizer settings.
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from models.features import STATISTICS, aligned_values, block_statistics, window_rows
+from models.features import (
+    STATISTICS,
+    aligned_values,
+    block_statistics,
+    even_block_statistics,
+    evenly_filled,
+    window_rows,
+)
 from models.scoring import Window
 from models.tokenizer import TelemetryTokenizer, TokenizerSettings
 from tests.test_tokenizer import END, SENSORS, make_window, training_windows
@@ -94,6 +103,28 @@ def test_block_statistics_are_bit_identical_to_the_per_block_loop() -> None:
             np.testing.assert_array_equal(subset[name], expected[name], err_msg=name, strict=True)
 
 
+def test_even_block_statistics_of_many_windows_are_bit_identical_to_one_window_at_a_time() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        n_sensors, blocks = int(rng.choice([1, 3, 10])), int(rng.choice([1, 2, 3, 6]))
+        window_s, rows = 3600.0, int(rng.choice([6, 12, 60]))
+        end = 1_767_225_600 + 3600 * int(rng.integers(0, 1000))
+        timestamps = np.arange(end - rows * (3600 // rows), end, 3600 // rows, dtype=np.int64)
+        t_all = timestamps.astype(np.float64)
+        if not evenly_filled(t_all, end_s=end, window_s=window_s, blocks=blocks):
+            continue
+        values = rng.normal(rng.normal(0, 100), rng.uniform(0.001, 50), (int(rng.integers(1, 20)), rows, n_sensors))
+        values[rng.random(values.shape) < rng.uniform(0, 0.6)] = np.nan
+        some = tuple(name for name in STATISTICS if rng.random() < 0.5) or ("mean",)
+        hours = np.broadcast_to(t_all / 3600.0, values.shape[:2])
+        together = even_block_statistics(values, hours, blocks=blocks, stats=some)
+        assert set(together) == set(some)
+        for w, x in enumerate(values):
+            alone = block_statistics(x, timestamps, end_s=end, window_s=window_s, blocks=blocks, stats=some)
+            for name in some:
+                np.testing.assert_array_equal(together[name][w], alone[name], err_msg=name, strict=True)
+
+
 def test_block_statistics_refuses_an_unknown_statistic() -> None:
     with pytest.raises(ValueError, match="unknown statistic"):
         block_statistics(np.zeros((2, 1)), np.arange(2), end_s=2, window_s=2, blocks=1, stats=("median",))
@@ -165,3 +196,33 @@ def test_encode_gives_the_ids_of_the_plain_text_path(settings: TokenizerSettings
         assert tokenizer.encode(window) == plain
         assert loaded.encode(window) == plain
         assert len(plain) <= settings.max_length
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        TokenizerSettings(horizon_h=24, window_h=12, max_length=128, min_machine_rows=10),
+        TokenizerSettings(horizon_h=24, window_h=12, block_stats=(), window_stats=("mean", "last", "min", "max")),
+        TokenizerSettings(horizon_h=24, window_h=12, scaling="fleet", daily_profile=True, max_length=40, bins=5),
+        TokenizerSettings(horizon_h=6, window_h=12, blocks=6, max_length=256, max_events_per_block=0),
+    ],
+)
+def test_encode_many_gives_the_ids_of_encode_one_window_at_a_time(settings: TokenizerSettings) -> None:
+    tokenizer = TelemetryTokenizer(settings)
+    tokenizer.fit(training_windows(), ["ok", "failure", "bearing"])
+    rng = np.random.default_rng(3)
+    # Evenly sampled windows of a few lengths (each length a batch of its own), mixed with the varied ones (gaps,
+    # irregular and empty windows go one at a time), in a shuffled order.
+    windows = varied_windows()
+    for k in range(90):
+        window = make_window(
+            ["m-0", "m-1", "m-unseen"][k % 3], seed=k, end=END + timedelta(hours=k), hours=[12, 6, 24][k % 3]
+        )
+        values = window.values.copy()
+        values[rng.random(values.shape) < 0.1 * (k % 3)] = np.nan
+        windows.append(Window(window.machine_id, window.start, window.end, window.timestamps, window.sensors, values))
+    windows = [windows[i] for i in rng.permutation(len(windows))]
+    expected = [tokenizer.encode(w) for w in windows]
+    assert tokenizer.encode_many(windows) == expected
+    assert tokenizer.encode_many(iter(windows[:7])) == expected[:7]
+    assert tokenizer.encode_many([]) == []
