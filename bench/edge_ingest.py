@@ -12,7 +12,7 @@ read it) to its prediction being committed to the outbox (p50, p99, over every w
 
     .venv/bin/python bench/edge_ingest.py                        # 1,000 machines x 10 sensors, 1 s readings, 5 min
     .venv/bin/python bench/edge_ingest.py --model drift-zscore   # the baseline instead of the LM
-    .venv/bin/python bench/edge_ingest.py --n-embd 64 --n-layer 2 --n-head 4   # a smaller LM
+    .venv/bin/python bench/edge_ingest.py --n-embd 96 --n-layer 3 --n-head 4   # a larger LM
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def build_artifact(
     n_layer: int | None = None,
     n_head: int | None = None,
 ) -> tuple[Path, Path]:
-    """A telemetry LM, int8 ONNX, signed; production-sized (about 0.4 M parameters) unless ``n_embd``, ``n_layer``
+    """A telemetry LM, int8 ONNX, signed; the default size (about 0.15 M parameters) unless ``n_embd``, ``n_layer``
     or ``n_head`` say otherwise (None: :class:`models.model.ModelConfig`'s default). Runs in a child process."""
     from models.export import export_artifact
     from models.model import CheckpointMeta, ModelConfig, build_model, count_parameters, save_checkpoint
@@ -231,8 +231,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     # The exported LM's size; None leaves models.model.ModelConfig's default (read in the child: torch stays out of
     # the measured process).
-    parser.add_argument("--n-embd", type=int, default=None, help="LM width (default: ModelConfig's, 96)")
-    parser.add_argument("--n-layer", type=int, default=None, help="LM layers (default: ModelConfig's, 3)")
+    parser.add_argument("--n-embd", type=int, default=None, help="LM width (default: ModelConfig's, 64)")
+    parser.add_argument("--n-layer", type=int, default=None, help="LM layers (default: ModelConfig's, 2)")
     parser.add_argument("--n-head", type=int, default=None, help="LM attention heads (default: ModelConfig's, 4)")
     parser.add_argument("--build-artifact", type=Path, help=argparse.SUPPRESS)  # the child process's job
     args = parser.parse_args(argv)

@@ -14,7 +14,7 @@ Models: ``--checkpoint DIR`` (repeatable) benchmarks trained checkpoints and pri
 their speed; without it, random-weight models of three sizes (speed does not depend on the weights) are built with the
 real tokenizer fitted on synthetic windows.
 
-    .venv/bin/python bench/lm_latency.py                       # stand-in sizes small / default / large
+    .venv/bin/python bench/lm_latency.py                       # stand-in sizes small (the default) / medium / large
     .venv/bin/python bench/lm_latency.py --checkpoint runs/lm  # a trained checkpoint
 """
 
@@ -50,8 +50,8 @@ from models.signing import generate_keypair  # noqa: E402
 from models.tokenizer import TelemetryTokenizer, TokenizerSettings  # noqa: E402
 
 SIZES = {
-    "small": {"n_embd": 64, "n_layer": 2, "n_head": 4},
-    "default": {"n_embd": 96, "n_layer": 3, "n_head": 4},
+    "small": {"n_embd": 64, "n_layer": 2, "n_head": 4},  # the default (models.model.ModelConfig)
+    "medium": {"n_embd": 96, "n_layer": 3, "n_head": 4},
     "large": {"n_embd": 128, "n_layer": 4, "n_head": 4},
 }
 TARGETS = {"p50_ms_at_128": 5.0, "windows_per_s": 1000.0, "speedup_vs_torch": 2.0, "artifact_mb": 5.0, "rss_mb": 250.0}
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--sizes",
         default=None,
-        help="stand-in sizes, comma-separated (default: small,default,large without --checkpoint)",
+        help="stand-in sizes, comma-separated (default: small,medium,large without --checkpoint)",
     )
     parser.add_argument("--lengths", default="64,128,256")
     parser.add_argument("--batch", type=int, default=8, help="windows per batch (the runtime's default)")

@@ -81,8 +81,8 @@ def train_command(
     seed: Annotated[int, typer.Option(help="Random seed (weights, batch order).")] = 0,
     max_minutes: Annotated[float, typer.Option(min=0.01, help="Training time budget.")] = 8.0,
     max_steps: Annotated[int, typer.Option(min=1, help="Most optimisation steps.")] = 600,
-    n_layer: Annotated[int, typer.Option(min=1, help="Transformer layers.")] = 3,
-    n_embd: Annotated[int, typer.Option(min=8, help="Model width.")] = 96,
+    n_layer: Annotated[int, typer.Option(min=1, help="Transformer layers.")] = 2,
+    n_embd: Annotated[int, typer.Option(min=8, help="Model width.")] = 64,
     n_head: Annotated[int, typer.Option(min=1, help="Attention heads.")] = 4,
     backbone: Annotated[
         Path | None, typer.Option(help="A local Hugging Face causal-LM checkpoint folder to fine-tune instead.")

@@ -90,8 +90,8 @@ class TrainSettings(BaseModel):
     max_length: Annotated[int, Field(ge=8, le=8192)] = 256
     event_lookback_h: Annotated[float, Field(ge=0)] = 72.0
     # model
-    n_layer: Annotated[int, Field(ge=1)] = 3
-    n_embd: Annotated[int, Field(ge=8)] = 96
+    n_layer: Annotated[int, Field(ge=1)] = 2  # the defaults are ModelConfig's (see there for why)
+    n_embd: Annotated[int, Field(ge=8)] = 64
     n_head: Annotated[int, Field(ge=1)] = 4
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
     backbone: Path | None = None
