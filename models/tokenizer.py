@@ -52,6 +52,7 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 from models.features import (
     HOUR_S,
     SensorScaling,
+    WindowContext,
     block_statistics,
     even_block_statistics,
     evenly_filled,
@@ -494,22 +495,29 @@ class TelemetryTokenizer:
         )
         ids.append(self._tod_ids[context.hour_of_day * HOUR_OF_DAY_BUCKETS // 24])
 
-        events_by_block: list[list[str]] = [[] for _ in range(s.blocks)]
-        recent: list[str] = []
-        if context.window_events or context.recent_errors:  # most windows have neither
-            for block, text in context.window_events:
-                events_by_block[block].append(self._event_token(text))
-            events_by_block = [b[-s.max_events_per_block :] if s.max_events_per_block else [] for b in events_by_block]
-            recent = [f"err:{c}" if c in state.error_codes else "err:?" for c in context.recent_errors]
-            recent = recent[-s.max_recent_errors :] if s.max_recent_errors else []
-            budget = s.max_length - self.fixed_length
-            while len(recent) + sum(len(b) for b in events_by_block) > budget:
-                if recent:
-                    recent.pop(0)
-                else:
-                    next(b for b in events_by_block if b).pop(0)
-            ids += [vocab[t] for t in recent]
+        if not (context.window_events or context.recent_errors):  # most windows have neither
+            return ids, [[] for _ in range(s.blocks)]
+        recent, events_by_block = self._event_tokens(context)
+        ids += [vocab[t] for t in recent]
         return ids, events_by_block
+
+    def _event_tokens(self, context: WindowContext) -> tuple[list[str], list[list[str]]]:
+        """The recent-error tokens and each block's event tokens, trimmed oldest first until the sequence fits
+        ``max_length``: recent errors before events inside the window."""
+        s, state = self.settings, self.state
+        events_by_block: list[list[str]] = [[] for _ in range(s.blocks)]
+        for block, text in context.window_events:
+            events_by_block[block].append(self._event_token(text))
+        events_by_block = [b[-s.max_events_per_block :] if s.max_events_per_block else [] for b in events_by_block]
+        recent = [f"err:{c}" if c in state.error_codes else "err:?" for c in context.recent_errors]
+        recent = recent[-s.max_recent_errors :] if s.max_recent_errors else []
+        budget = s.max_length - self.fixed_length
+        while len(recent) + sum(len(b) for b in events_by_block) > budget:
+            if recent:
+                recent.pop(0)
+            else:
+                next(b for b in events_by_block if b).pop(0)
+        return recent, events_by_block
 
     def _binned_ids(self, stacked: np.ndarray) -> np.ndarray:
         """Statistics ``(W, R, S)`` (rows as in ``_row_edges``) to their sensors' token ids, ``(W, R, S)``."""
@@ -597,19 +605,7 @@ class TelemetryTokenizer:
         head.append("lastfail=never" if failure_age is None else f"lastfail#a{_age_bin(failure_age):02d}")
         head.append(f"tod:{context.hour_of_day * HOUR_OF_DAY_BUCKETS // 24}")
 
-        events_by_block: list[list[str]] = [[] for _ in range(s.blocks)]
-        for block, text in context.window_events:
-            events_by_block[block].append(self._event_token(text))
-        events_by_block = [b[-s.max_events_per_block :] if s.max_events_per_block else [] for b in events_by_block]
-        recent = [f"err:{c}" if c in state.error_codes else "err:?" for c in context.recent_errors]
-        recent = recent[-s.max_recent_errors :] if s.max_recent_errors else []
-        budget = s.max_length - self.fixed_length
-        # Trim the variable part, oldest first, until it fits: recent errors before events inside the window.
-        while len(recent) + sum(len(b) for b in events_by_block) > budget:
-            if recent:
-                recent.pop(0)
-            else:
-                next(b for b in events_by_block if b).pop(0)
+        recent, events_by_block = self._event_tokens(context)
         head += recent
 
         stats = self._statistics(window, state.scaling)

@@ -45,38 +45,23 @@ def flink_settings(engine_settings: EngineSettings) -> EngineSettings:
     return engine_settings.model_copy(update={"parallelism": 2})
 
 
-def test_labeling_on_prism_gives_the_same_dataset_as_the_local_runner(
-    tmp_path: Path, engine_settings: EngineSettings
+@pytest.mark.parametrize("runner", [PRISM, pytest.param(FLINK, marks=pytest.mark.integration)])
+def test_labeling_on_a_portable_engine_gives_the_same_dataset_as_the_local_runner(
+    runner: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    settings: EngineSettings = request.getfixturevalue("flink_settings" if runner == FLINK else "engine_settings")
     history = FleetHistory(
         machines=5, hours=96, failures=[("pump-01", 30.5, "failure:bearing"), ("pump-03", 60, "failure")]
     )
     store = store_history(tmp_path / "store.duckdb", history.messages(wavy))
 
     local = run_labeling(store, tmp_path / "local", settings=SETTINGS, runner=LOCAL)
-    portable = run_labeling(store, tmp_path / "prism", settings=SETTINGS, runner=PRISM, engine_settings=engine_settings)
+    portable = run_labeling(store, tmp_path / "portable", settings=SETTINGS, runner=runner, engine_settings=settings)
 
     assert local.outcomes == portable.outcomes and local.outcomes["bearing"] == 24 and local.outcomes["failure"] == 24
     assert (local.examples, local.pending) == (portable.examples, portable.pending)
     assert local.pending > 0
-    assert read_dataset(tmp_path / "local").equals(read_dataset(tmp_path / "prism"))
-
-
-@pytest.mark.integration
-def test_labeling_on_flink_gives_the_same_dataset_as_the_local_runner(
-    tmp_path: Path, flink_settings: EngineSettings
-) -> None:
-    history = FleetHistory(
-        machines=5, hours=96, failures=[("pump-01", 30.5, "failure:seal"), ("pump-03", 60, "failure:bearing")]
-    )
-    store = store_history(tmp_path / "store.duckdb", history.messages(wavy))
-
-    local = run_labeling(store, tmp_path / "local", settings=SETTINGS, runner=LOCAL)
-    flink = run_labeling(store, tmp_path / "flink", settings=SETTINGS, runner=FLINK, engine_settings=flink_settings)
-
-    assert local.outcomes == flink.outcomes and local.outcomes["seal"] == 24 and local.outcomes["bearing"] == 24
-    assert (local.examples, local.pending) == (flink.examples, flink.pending) and local.pending > 0
-    assert read_dataset(tmp_path / "local").equals(read_dataset(tmp_path / "flink"))
+    assert read_dataset(tmp_path / "local").equals(read_dataset(tmp_path / "portable"))
 
 
 @pytest.mark.integration
