@@ -100,6 +100,9 @@ class CsvLayout:
     """The sensor fields of a row, in sensor order."""
 
 
+_NO_STAMP = object()
+
+
 class RecordParser:
     """Parses the records of one source. Keeps small caches (timestamps, identifiers, sensor layouts)."""
 
@@ -107,7 +110,9 @@ class RecordParser:
         self.source = source
         self.max_sensors = max_sensors
         self.max_record_bytes = max_record_bytes
-        self._last_stamp: tuple[object, float] = ("", 0.0)
+        # The last timestamp parsed, to skip re-parsing a repeated one. It starts as a value no field can equal: an
+        # empty or any other text must be parsed (and refused) the first time it comes.
+        self._last_stamp: tuple[object, float] = (_NO_STAMP, 0.0)
         self._identifiers: set[str] = set()
         self._layouts: dict[tuple[str, ...], tuple[str, ...]] = {}
 
