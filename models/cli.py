@@ -43,6 +43,17 @@ def _stats(value: str, option: str) -> tuple[str, ...]:
     return names
 
 
+def _settings_overrides(pairs: list[str]) -> dict[str, str]:
+    """``--set NAME=VALUE`` pairs; TrainSettings validates names and values (extra names are refused there)."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise typer.BadParameter(f"{pair!r}: expected NAME=VALUE", param_hint="--set")
+        out[name.strip().replace("-", "_")] = value.strip()
+    return out
+
+
 def train_command(
     telemetry: Annotated[
         Path, typer.Option(help="Telemetry file (CSV, JSONL or Parquet): timestamp, machine_id, sensors.")
@@ -95,6 +106,14 @@ def train_command(
         Path | None, typer.Option(help="ed25519 private key: export the signed int8 ONNX artifact to --out.")
     ] = None,
     version: Annotated[str | None, typer.Option(help="Artifact version (default: a UTC timestamp).")] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Any other training setting, as NAME=VALUE (repeatable): dropout=0.2, learning_rate=1e-3, "
+            "token_dropout=0.2, ordinal_init=false ... (the fields of models.train.TrainSettings).",
+        ),
+    ] = None,
 ) -> None:
     """Train the telemetry language model; choose its alert threshold on a validation period at the end of the data."""
     from pydantic import ValidationError
@@ -108,14 +127,14 @@ def train_command(
     if scaling not in ("machine", "fleet"):
         raise typer.BadParameter(f"scaling={scaling!r}: choose machine or fleet", param_hint="--scaling")
     try:
-        settings = TrainSettings(
+        given: dict[str, object] = dict(
             horizon_h=horizon_h,
             window_h=_hours(window, "--window") if window is not None else horizon_h,
             every_h=_hours(every, "--every"),
-            scaling=scaling,  # type: ignore[arg-type]
+            scaling=scaling,
             blocks=blocks,
-            block_stats=_stats(block_stats, "--block-stats"),  # type: ignore[arg-type]
-            window_stats=_stats(window_stats, "--window-stats"),  # type: ignore[arg-type]
+            block_stats=_stats(block_stats, "--block-stats"),
+            window_stats=_stats(window_stats, "--window-stats"),
             daily_profile=daily_profile,
             max_length=max_length,
             seed=seed,
@@ -128,6 +147,7 @@ def train_command(
             threads=threads,
             device=device,
         )
+        settings = TrainSettings(**{**given, **_settings_overrides(set_ or [])})
     except ValidationError as err:
         raise _fail(f"invalid training settings: {err}") from None
     try:

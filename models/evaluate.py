@@ -327,6 +327,7 @@ def evaluate(
         blocks=blocks,
         per_machine=per_machine,
         daily_profile=bool(meta.training.get("tokenizer", {}).get("daily_profile", False)),
+        residual=bool(meta.training.get("tokenizer", {}).get("residual", False)),
     )
     seed = int(meta.training.get("seed", 0))
     baselines: list[Any] = [

@@ -57,6 +57,12 @@ class SensorScaling:
     (the standard deviation for normal data); where that is zero, the standard deviation. With a daily profile, each
     machine's median offset per hour of day (UTC) is taken out too: a load cycle then no longer drowns the slower
     changes that precede failures. A machine unseen in training is scaled by the fleet's figures.
+
+    With ``residual`` (an ``(S, S)`` matrix, zero diagonal), each scaled sensor then becomes what the other sensors
+    do not explain: ``scaled - scaled @ residual``, a ridge fit of every sensor on the others over the training rows.
+    Why: sensors move together with the operating point (flow, pressure and current all follow the load, weekly
+    cycles and slow wander included, which a daily profile does not catch), while a fault breaks that relation: a
+    leaking seal loses pressure *for its speed*. A missing sensor counts as its centre in the others' fits.
     """
 
     sensors: tuple[str, ...]
@@ -64,6 +70,7 @@ class SensorScaling:
     scale: np.ndarray  # (S,)
     machines: Mapping[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # id -> (center, scale)
     daily: Mapping[str, np.ndarray] = field(default_factory=dict)  # id ("" for the fleet) -> (24, S) hourly offsets
+    residual: np.ndarray | None = None  # (S, S): column j predicts sensor j from the others; zero diagonal
 
     @classmethod
     def fit(
@@ -74,10 +81,12 @@ class SensorScaling:
         per_machine: bool,
         min_machine_rows: int = 50,
         times_by_machine: Mapping[str, np.ndarray] | None = None,
+        residual: bool = False,
     ) -> SensorScaling:
         """Fit on each machine's training rows ``(N_m, S)`` (each row once, columns in ``sensors`` order).
 
-        With ``times_by_machine`` (epoch seconds per row), also fit the daily profiles.
+        With ``times_by_machine`` (epoch seconds per row), also fit the daily profiles; with ``residual``, the
+        cross-sensor fits (on rows scaled by everything before them).
         """
         if not rows_by_machine:
             raise ValueError("SensorScaling.fit needs the rows of at least one machine")
@@ -101,15 +110,29 @@ class SensorScaling:
             for machine_id, (m_center, _) in machines.items():
                 rows = np.asarray(rows_by_machine[machine_id], dtype=np.float64)
                 daily[machine_id] = _hourly_offsets(rows - m_center, np.asarray(times_by_machine[machine_id]))
-        return cls(tuple(sensors), center, scale, machines, daily)
+        scaling = cls(tuple(sensors), center, scale, machines, daily)
+        if not residual or len(sensors) < 2:
+            return scaling
+        scaled = np.concatenate(
+            [
+                scaling._scaled(np.asarray(rows, dtype=np.float64), machine_id, _times(times_by_machine, machine_id))
+                for machine_id, rows in rows_by_machine.items()
+            ]
+        )
+        return cls(tuple(sensors), center, scale, machines, daily, _cross_sensor_fit(scaled))
 
     def apply(self, window: Window) -> np.ndarray:
         """The window's values in this scaling's sensor order, scaled: ``(T, S)`` float64."""
-        values = aligned_values(window, self.sensors)
-        center, scale = self.machines.get(window.machine_id, (self.center, self.scale))
-        if self.daily:
-            profile = self.daily.get(window.machine_id if window.machine_id in self.machines else "", self.daily[""])
-            center = center + profile[(np.asarray(window.timestamps) // 3600) % 24]  # (T, S)
+        scaled = self._scaled(aligned_values(window, self.sensors), window.machine_id, np.asarray(window.timestamps))
+        if self.residual is None:
+            return scaled
+        return scaled - np.nan_to_num(scaled, nan=0.0) @ self.residual
+
+    def _scaled(self, values: np.ndarray, machine_id: str, timestamps: np.ndarray | None) -> np.ndarray:
+        center, scale = self.machines.get(machine_id, (self.center, self.scale))
+        if self.daily and timestamps is not None:
+            profile = self.daily.get(machine_id if machine_id in self.machines else "", self.daily[""])
+            center = center + profile[(timestamps // 3600) % 24]  # (T, S)
         safe = np.where(scale > 0, scale, 1.0)
         return (values - center) / safe
 
@@ -120,6 +143,7 @@ class SensorScaling:
             "scale": _floats(self.scale),
             "machines": {m: {"center": _floats(c), "scale": _floats(s)} for m, (c, s) in sorted(self.machines.items())},
             "daily": {m: [_floats(row) for row in p] for m, p in sorted(self.daily.items())},
+            **({"residual": [_floats(row) for row in self.residual]} if self.residual is not None else {}),
         }
 
     @classmethod
@@ -133,15 +157,36 @@ class SensorScaling:
                 str(m): np.stack([_array(row) for row in rows])  # type: ignore[attr-defined]
                 for m, rows in dict(data.get("daily", {})).items()  # type: ignore[call-overload]
             }
-            return cls(
-                tuple(data["sensors"]),  # type: ignore[arg-type]
-                _array(data["center"]),
-                _array(data["scale"]),
-                machines,
-                daily,
-            )
+            residual = data.get("residual")
+            matrix = np.stack([_array(row) for row in residual]) if residual is not None else None  # type: ignore[attr-defined]
+            sensors = tuple(data["sensors"])  # type: ignore[arg-type]
+            if matrix is not None and (matrix.shape != (len(sensors), len(sensors)) or not np.isfinite(matrix).all()):
+                raise ValueError(f"residual must be a finite {len(sensors)}x{len(sensors)} matrix")
+            return cls(sensors, _array(data["center"]), _array(data["scale"]), machines, daily, matrix)
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"scaling config is malformed: {err!r}") from None
+
+
+def _times(times_by_machine: Mapping[str, np.ndarray] | None, machine_id: str) -> np.ndarray | None:
+    return None if times_by_machine is None else np.asarray(times_by_machine[machine_id])
+
+
+def _cross_sensor_fit(scaled: np.ndarray, ridge: float = 1e-3) -> np.ndarray:
+    """``(S, S)``: column ``j`` holds the ridge coefficients of sensor ``j`` on the other sensors (zero diagonal).
+
+    Fitted on the rows where every sensor is present; missing values count as 0 (the centre) when applied.
+    """
+    n_sensors = scaled.shape[1]
+    rows = scaled[np.isfinite(scaled).all(axis=1)]
+    out = np.zeros((n_sensors, n_sensors))
+    if len(rows) < 2 * n_sensors:
+        return out  # too few complete rows to fit on: residuals are the scaled values themselves
+    gram = rows.T @ rows
+    for j in range(n_sensors):
+        others = [i for i in range(n_sensors) if i != j]
+        a = gram[np.ix_(others, others)] + ridge * len(rows) * np.eye(len(others))
+        out[others, j] = np.linalg.solve(a, gram[others, j])
+    return out
 
 
 def _hourly_offsets(deviations: np.ndarray, times: np.ndarray, min_rows: int = 5) -> np.ndarray:
@@ -206,7 +251,12 @@ def informative_sensors(rows_by_machine: Mapping[str, np.ndarray], sensors: Sequ
 
 
 def fit_scaling(
-    windows: Sequence[Window], *, per_machine: bool, min_machine_rows: int = 50, daily_profile: bool = False
+    windows: Sequence[Window],
+    *,
+    per_machine: bool,
+    min_machine_rows: int = 50,
+    daily_profile: bool = False,
+    residual: bool = False,
 ) -> SensorScaling:
     """Scaling for the informative sensors of training windows (constant sensors dropped)."""
     if not windows:
@@ -223,6 +273,7 @@ def fit_scaling(
         per_machine=per_machine,
         min_machine_rows=min_machine_rows,
         times_by_machine={m: t for m, (t, _) in rows.items()} if daily_profile else None,
+        residual=residual,
     )
 
 
@@ -429,6 +480,7 @@ class FeatureSpec:
         blocks: int = 3,
         per_machine: bool = True,
         daily_profile: bool = False,
+        residual: bool = False,
         event_lookback_h: float = 72.0,
         max_error_codes: int = 32,
     ) -> FeatureSpec:
@@ -444,7 +496,7 @@ class FeatureSpec:
             for key, value in w.attributes.items():
                 attributes.setdefault(key, set()).add(_number_or_nan(value))
         return cls(
-            scaling=fit_scaling(windows, per_machine=per_machine, daily_profile=daily_profile),
+            scaling=fit_scaling(windows, per_machine=per_machine, daily_profile=daily_profile, residual=residual),
             window_h=window_h,
             blocks=blocks,
             event_lookback_h=event_lookback_h,

@@ -85,6 +85,29 @@ def build_model(config: ModelConfig) -> GPT2LMHeadModel:
     return GPT2LMHeadModel(hf_config)
 
 
+def init_ordinal_embeddings(
+    model: PreTrainedModel, families: Sequence[Sequence[int]], *, generator: torch.Generator | None = None
+) -> None:
+    """Start each family of ordered bin tokens on a line through embedding space: ``a + t * b`` plus a little noise,
+    with ``t`` from -1 (lowest bin) to 1 (highest) and ``a``, ``b`` drawn like GPT-2's own initial weights.
+
+    Why: a random start treats "bin 7" and "bin 8" as unrelated words, and training must learn their order from
+    data, which fails for tail bins that few windows reach (exactly where failures live). On a line, a tail bin
+    starts as an extrapolation of its neighbours. Only the start changes: the model and its export are the same.
+    """
+    weight = model.get_input_embeddings().weight
+    std = float(getattr(model.config, "initializer_range", 0.02))
+    with torch.no_grad():
+        for ids in families:
+            if len(ids) < 2:
+                continue
+            index = torch.as_tensor(list(ids), dtype=torch.long, device=weight.device)
+            t = torch.linspace(-1.0, 1.0, len(ids), device=weight.device)[:, None]
+            a, b = (torch.randn(2, 1, weight.shape[1], generator=generator) * std).to(weight.device)
+            noise = torch.randn(len(ids), weight.shape[1], generator=generator).to(weight.device) * std * 0.5
+            weight[index] = (a + t * b + noise).to(weight.dtype)
+
+
 def load_backbone(directory: str | Path, vocab_size: int | None = None) -> PreTrainedModel:
     """Any local Hugging Face causal-LM checkpoint folder; with ``vocab_size``, its embeddings resized to it.
 

@@ -103,6 +103,7 @@ class TokenizerSettings(BaseModel):
     window_stats: tuple[Statistic, ...] = ("slope", "std")
     scaling: Literal["machine", "fleet"] = "machine"
     daily_profile: bool = False
+    residual: bool = False
     max_length: Annotated[int, Field(ge=8, le=8192)] = 256
     event_lookback_h: Annotated[float, Field(ge=0)] = 72.0
     max_recent_errors: Annotated[int, Field(ge=0, le=64)] = 4
@@ -195,6 +196,7 @@ class TelemetryTokenizer:
                 per_machine=s.scaling == "machine",
                 min_machine_rows=s.min_machine_rows,
                 daily_profile=s.daily_profile,
+                residual=s.residual,
             )
         except ValueError as err:
             raise TokenizerError(str(err)) from None
@@ -582,6 +584,18 @@ class TelemetryTokenizer:
         for table in self._sensor_ids.values():  # (S, bins + 1): the last column is the missing token
             out[table[:, :-1]] = table[:, -1:]
         return out
+
+    def ordinal_families(self) -> list[list[int]]:
+        """Token ids that name ordered bins of one quantity, each family low to high: every sensor statistic's value
+        bins, and the age bins of each maintained part and of the last failure.
+
+        A fresh model starts these embeddings along a line (:func:`models.model.init_ordinal_embeddings`), so bin 7
+        begins between bins 6 and 8 instead of at a random point, and rare tail bins borrow from their neighbours.
+        """
+        families = [row[:-1].tolist() for table in self._sensor_ids.values() for row in table]
+        families += [ids for ids, _never in self._maintenance_ids]
+        families.append(list(self._lastfail_ids))
+        return families
 
     def vocabulary_tokens(self) -> list[str]:
         """Every token, in id order."""

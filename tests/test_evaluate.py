@@ -164,10 +164,18 @@ def test_command_line_train_then_evaluate_json(tmp_path: Path) -> None:
             "2",
             "--max-length",
             "64",
+            "--set",
+            "dropout=0.2",
+            "--set",
+            "ordinal-init=true",
+            "--set",
+            "residual=true",
         ],
     )
     assert trained.exit_code == 0, trained.output
     assert "validation PR-AUC" in trained.output
+    written = json.loads((tmp_path / "m" / "precursor.json").read_text())["training"]
+    assert (written["dropout"], written["ordinal_init"], written["tokenizer"]["residual"]) == (0.2, True, True)
     evaluated = runner.invoke(app, ["evaluate", *common, "--model", str(tmp_path / "m"), "--json"])
     assert evaluated.exit_code == 0, evaluated.output
     report = json.loads(evaluated.stdout)
@@ -176,6 +184,9 @@ def test_command_line_train_then_evaluate_json(tmp_path: Path) -> None:
 
     bad = runner.invoke(app, ["train", *common[:4], "--horizon", "soon", "--out", str(tmp_path / "x")])
     assert bad.exit_code != 0 and "soon" in bad.output
+    for wrong in ("dropuot=0.2", "dropout=lots", "dropout"):
+        refused = runner.invoke(app, ["train", *common, "--out", str(tmp_path / "x"), "--set", wrong])
+        assert refused.exit_code != 0 and wrong.split("=")[0] in refused.output, refused.output
     missing = runner.invoke(app, ["evaluate", *common, "--model", str(tmp_path / "nothing")])
     assert missing.exit_code == 1 and "precursor.json" in missing.output
 

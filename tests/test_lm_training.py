@@ -20,6 +20,7 @@ from models.model import (
     TorchScorer,
     build_model,
     count_parameters,
+    init_ordinal_embeddings,
     load_backbone,
     load_checkpoint,
 )
@@ -314,3 +315,33 @@ def test_training_device_is_chosen_on_purpose() -> None:
             training_device("cuda")
     with pytest.raises(ValidationError, match="device"):
         TrainSettings(horizon_h=24, device="gpu")
+
+
+def test_bin_tokens_start_in_order_along_a_line(tiny_fleet: dict[str, Path]) -> None:
+    fleet = Fleet.load(tiny_fleet["telemetry"], tiny_fleet["events"], tiny_fleet["machines"])
+    windows = build_windows(fleet, WindowSpec(window_h=12, horizon_h=12))
+    tokenizer = TelemetryTokenizer(TrainSettings(**TINY).tokenizer_settings())
+    tokenizer.fit([w.window for w in windows], outcomes=[w.outcome for w in windows])
+    families = tokenizer.ordinal_families()
+    names = [tokenizer.decode(f) for f in families]
+    # Every sensor statistic's bins, low to high, then the age bins; no "missing" token is in any family.
+    first = names[0]
+    bins = TrainSettings(**TINY).bins
+    assert first == [f"{first[0][:-2]}{b:02d}" for b in range(bins)]
+    assert any(n[0].startswith("lastfail#a00") for n in names)
+    assert not any(t.endswith("_") or t.endswith("=never") for n in names for t in n)
+    assert len({i for f in families for i in f}) == sum(len(f) for f in families)  # no token in two families
+
+    model = build_model(ModelConfig(vocab_size=tokenizer.vocab_size, n_embd=32, n_layer=1, n_head=2))
+    init_ordinal_embeddings(model, families, generator=torch.Generator().manual_seed(0))
+    weight = model.get_input_embeddings().weight.detach()
+    for family in families[:5]:
+        rows = weight[family]
+        # The projection on the family's direction rises from the lowest bin to the highest.
+        direction = rows[-1] - rows[0]
+        projection = (rows @ direction).numpy()
+        assert np.corrcoef(np.arange(len(family)), projection)[0, 1] > 0.9
+    # Neighbouring bins start closer than random tokens do.
+    family = families[0]
+    neighbour = float(torch.linalg.norm(weight[family[1]] - weight[family[0]]))
+    assert neighbour < float(torch.linalg.norm(weight[family[0]] - weight[tokenizer.horizon_id]))

@@ -11,6 +11,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from contracts.messages import Event
+from models.features import SensorScaling
 from models.outcome import outcome_token, pack_sequences, risk_from_logits, risks_from_logits
 from models.scoring import Window
 from models.tokenizer import TelemetryTokenizer, TokenizerError, TokenizerSettings
@@ -298,3 +299,47 @@ def test_daily_profile_survives_save_and_load(tmp_path) -> None:
     window = make_window("m-2", seed=9)
     assert loaded.encode(window) == tokenizer.encode(window)
     assert set(loaded.state.scaling.daily) == {"", "m-0", "m-1", "m-2", "m-3"}
+
+
+def test_residual_scaling_reads_a_sensor_against_the_others() -> None:
+    def pump(k: int, leak: float = 0.0) -> Window:
+        # Pressure follows the speed, whatever the speed does (no daily pattern to take out); a leak loses pressure
+        # for its speed, within the range the pressure has anyway.
+        end = END - timedelta(hours=k)
+        t = np.array([int((end - timedelta(hours=12 - i)).timestamp()) for i in range(12)], dtype=np.int64)
+        rng = np.random.default_rng(k)
+        speed = rng.uniform(-3, 3) + rng.normal(0, 0.1, 12)
+        pressure = 2.0 * speed - leak + rng.normal(0, 0.1, 12)
+        values = np.stack([speed, pressure], axis=1).astype(np.float32)
+        return Window("m-1", end - timedelta(hours=12), end, t, ("speed", "pressure"), values)
+
+    windows = [pump(k) for k in range(300)]
+    leaking = [pump(k, leak=1.0) for k in range(300, 324)]
+    for residual, expected_all_bottom in ((False, False), (True, True)):
+        tokenizer = TelemetryTokenizer(TokenizerSettings(horizon_h=24, window_h=12, residual=residual))
+        tokenizer.fit(windows)
+        bins = [int(t[-2:]) for w in leaking for t in tokenizer.tokens(w) if t.startswith("pressure:mean")]
+        assert (max(bins) == 0) is expected_all_bottom  # the lowest bin at every speed, only against the speed
+    matrix = tokenizer.state.scaling.residual
+    assert matrix is not None and matrix.shape == (2, 2) and np.all(np.diag(matrix) == 0)
+    assert matrix[0, 1] > 0.9  # pressure is read as (mostly) the speed's doing
+
+
+def test_residual_scaling_survives_save_and_load_and_a_missing_sensor(tmp_path) -> None:
+    tokenizer = TelemetryTokenizer(
+        TokenizerSettings(horizon_h=24, window_h=12, residual=True, min_machine_rows=10, max_length=128)
+    )
+    tokenizer.fit(training_windows())
+    tokenizer.save(tmp_path)
+    loaded = TelemetryTokenizer.load(tmp_path)
+    window = make_window("m-2", seed=9)
+    assert loaded.encode(window) == tokenizer.encode(window)
+    np.testing.assert_array_equal(loaded.state.scaling.residual, tokenizer.state.scaling.residual)
+    gap = make_window("m-2", seed=9, sensors=("pressure", "temp"))  # no "vib": the others still get tokens
+    tokens = tokenizer.tokens(gap)
+    assert "vib:mean_" in tokens and any(t.startswith("temp:mean") and not t.endswith("_") for t in tokens)
+
+    scaling = json.loads((tmp_path / "tokenizer_config.json").read_text())["precursor_telemetry"]["scaling"]
+    assert SensorScaling.from_json(scaling).residual is not None
+    with pytest.raises(ValueError, match="residual must be a finite 3x3 matrix"):
+        SensorScaling.from_json({**scaling, "residual": [[0.0, 1.0]]})
