@@ -121,6 +121,11 @@ class Prediction(EdgeMessage):
     model_name: Identifier
     model_version: Annotated[str, Field(min_length=1, max_length=64)]
     emitted_at: UtcDatetime = Field(default_factory=lambda: datetime.now(UTC))
+    threshold: Probability | None = Field(
+        default=None,
+        description="The model's own alert threshold (chosen on its validation data), when it has one: monitoring "
+        "judges each model version at its own threshold, not at one shared figure.",
+    )
 
     @field_validator("window_end")
     @classmethod

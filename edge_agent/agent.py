@@ -430,6 +430,8 @@ class EdgeAgent:
                     "risk": {k: float(v) for k, v in risk.items()},
                     "model_name": scorer.name,
                     "model_version": scorer.version,
+                    # The LM runtime carries the threshold chosen at training; baseline scorers have none.
+                    "threshold": getattr(scorer, "threshold", None),
                 },
             )
         except ContractError as err:

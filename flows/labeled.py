@@ -107,6 +107,7 @@ def write_history(windows: Sequence[LabeledWindow], dataset: Path, *, horizon_h:
             risk_any=0.0,
             edge_id=source,
             seq=seq,
+            threshold=None,
         )
         by_day.setdefault(day_of(end_us), []).append(example)
     for day, examples in sorted(by_day.items()):

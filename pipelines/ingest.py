@@ -186,6 +186,7 @@ def prediction_batch(rows: Sequence[tuple[Any, ...]], ingested_at: datetime) -> 
             "model_version": [r.model_version for r in records],
             "emitted_at": pa.array([r.emitted_at_us for r in records], UTC_MICROS),
             "ingested_at": pa.array([to_micros(ingested_at)] * len(records), UTC_MICROS),
+            "threshold": pa.array([r.threshold for r in records], pa.float64()),
         }
     )
 

@@ -84,6 +84,7 @@ SCHEMA = pa.schema(
         pa.field("risk_any", pa.float64(), nullable=False),
         pa.field("edge_id", pa.string(), nullable=False),
         pa.field("seq", pa.int64(), nullable=False),
+        pa.field("threshold", pa.float64()),
     ]
 )
 
@@ -98,6 +99,7 @@ class StoredPrediction(NamedTuple):
     risk: str  # JSON, as stored
     model_name: str
     model_version: str
+    threshold: float | None = None  # the model's own alert threshold, when its predictions carried one
 
 
 class StoredEvent(NamedTuple):
@@ -126,6 +128,7 @@ class Example(NamedTuple):
     risk_any: float
     edge_id: str
     seq: int
+    threshold: float | None
 
 
 def failure_kind(event: str) -> str | None:
@@ -182,6 +185,7 @@ def label(prediction: StoredPrediction, failures: list[tuple[int, str]], waterma
         risk_any=float(risk.get(ANY_FAILURE, max(risk.values(), default=0.0))),
         edge_id=prediction.edge_id,
         seq=prediction.seq,
+        threshold=prediction.threshold,
     )
 
 
@@ -241,6 +245,7 @@ def examples_table(examples: Iterable[Example]) -> pa.Table:
             "risk_any": columns["risk_any"],
             "edge_id": columns["edge_id"],
             "seq": pa.array(columns["seq"], pa.int64()),
+            "threshold": pa.array(columns["threshold"], pa.float64()),
         },
         schema=SCHEMA,
     )

@@ -6,7 +6,9 @@ move because a label was still open. Each example is stamped at its window end a
 failure kind and window:
 
 - example level: ``tp``, ``fp``, ``fn``, ``tn`` with a window predicted positive when its risk for the kind is at or
-  above the decision threshold (the alert raise threshold unless set apart); ``precision`` and ``recall``.
+  above the decision threshold: the model's own (chosen on its validation data and sent with each prediction), or,
+  for predictions without one, the configured threshold (the alert raise threshold unless set apart); ``precision``
+  and ``recall``; ``threshold``, the one used.
 - failure level: ``failures`` (distinct failures that examples in the window lead up to), ``failures_caught`` (those
   with at least one positive prediction before them) and ``mean_lead_time_h`` (per caught failure, how long before it
   the first positive prediction came).
@@ -98,14 +100,20 @@ class MonitoringReport:
 
 
 def judged(example: Mapping[str, Any], threshold: float) -> Iterator[tuple[tuple[str, str, str], tuple[Any, ...]]]:
-    """``((model_name, model_version, kind), (actual, predicted, failure id or None, lead hours))`` per kind.
+    """``((model_name, model_version, kind), (actual, predicted, failure id or None, lead hours, threshold))`` per
+    kind, judged at the example's own ``threshold`` when it has one, else at ``threshold``.
 
     >>> e = {"model_name": "lm", "model_version": "1", "machine_id": "m", "outcome": "seal", "failure_at": 50,
     ...      "failure_kinds": ["seal"], "failure_kinds_at": [50], "lead_time_h": 3.0, "window_end": 0,
     ...      "risk": '{"bearing": 0.1, "failure": 0.2}', "risk_any": 0.2}
     >>> sorted((key[2], value[:2]) for key, value in judged(e, threshold=0.5))
     [('bearing', (False, False)), ('failure', (True, False)), ('seal', (True, False))]
+    >>> sorted((key[2], value[1], value[4]) for key, value in judged({**e, "threshold": 0.15}, threshold=0.5))
+    [('bearing', False, 0.15), ('failure', True, 0.15), ('seal', False, 0.15)]
     """
+    own = example.get("threshold")
+    if own is not None:
+        threshold = float(own)
     risk: dict[str, float] = json.loads(example["risk"])
     model = (example["model_name"], example["model_version"])
     kinds_at = dict(zip(example["failure_kinds"], example["failure_kinds_at"], strict=True))
@@ -121,18 +129,20 @@ def judged(example: Mapping[str, Any], threshold: float) -> Iterator[tuple[tuple
             failure_at = kinds_at.get(kind)
         failure = (example["machine_id"], failure_at) if actual else None
         lead_h = (failure_at - window_end) / (3600 * MICROS) if actual else None
-        yield (*model, kind), (actual, score >= threshold, failure, lead_h)
+        yield (*model, kind), (actual, score >= threshold, failure, lead_h, threshold)
 
 
 class ConfusionCounts(beam.CombineFn):
     """Counts of (actual, predicted) and, per failure, the earliest warning (largest lead) a positive gave."""
 
     def create_accumulator(self) -> list[Any]:
-        return [0, 0, 0, 0, {}]  # tp, fp, fn, tn, failure -> lead of the earliest true positive (None: not caught)
+        # tp, fp, fn, tn, failure -> lead of the earliest true positive (None: not caught), the threshold(s) used
+        return [0, 0, 0, 0, {}, set()]
 
     def add_input(self, acc: list[Any], judgement: tuple[Any, ...]) -> list[Any]:
-        actual, predicted, failure, lead_h = judgement
+        actual, predicted, failure, lead_h, threshold = judgement
         acc[(0 if predicted else 2) if actual else (1 if predicted else 3)] += 1
+        acc[5].add(threshold)
         if actual:
             key = (failure[0], int(failure[1]))
             best = acc[4].get(key)
@@ -147,6 +157,7 @@ class ConfusionCounts(beam.CombineFn):
         for acc in accumulators:
             for i in range(4):
                 merged[i] += acc[i]
+            merged[5] |= acc[5]
             for key, lead in acc[4].items():
                 best = merged[4].get(key)
                 merged[4][key] = lead if best is None else (best if lead is None else max(best, lead))
@@ -163,13 +174,10 @@ def _ratio(numerator: int, denominator: int) -> float | None:
 class DescribeWindow(beam.DoFn):
     """A combined window as a :class:`WindowMetrics` JSON line."""
 
-    def __init__(self, threshold: float) -> None:
-        self._threshold = threshold
-
     def process(
         self, element: tuple[tuple[str, str, str], list[Any]], window: Any = beam.DoFn.WindowParam
     ) -> Iterator[str]:
-        (model_name, model_version, kind), (tp, fp, fn, tn, failures) = element
+        (model_name, model_version, kind), (tp, fp, fn, tn, failures, thresholds) = element
         caught = [lead for lead in failures.values() if lead is not None]
         yield json.dumps(
             {
@@ -188,7 +196,8 @@ class DescribeWindow(beam.DoFn):
                 "failures": len(failures),
                 "failures_caught": len(caught),
                 "mean_lead_time_h": sum(caught) / len(caught) if caught else None,
-                "threshold": self._threshold,
+                # One per model version in practice; should edges disagree, the strictest is the one reported.
+                "threshold": max(thresholds),
             },
             sort_keys=True,
         )
@@ -208,7 +217,7 @@ class MeasureQuality(beam.PTransform):
             | "SlidingWindows" >> beam.WindowInto(_sliding(self._settings))
             | "Judge" >> beam.FlatMap(lambda e: judged(e, threshold))
             | "CountOutcomes" >> beam.CombinePerKey(ConfusionCounts())
-            | "DescribeWindows" >> beam.ParDo(DescribeWindow(threshold))
+            | "DescribeWindows" >> beam.ParDo(DescribeWindow())
         )
 
 

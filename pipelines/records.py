@@ -59,6 +59,7 @@ class PredictionRecord(NamedTuple):
     emitted_at_us: int
     partition: int  # where it was read from: the arrival order that lateness is judged by
     offset: int
+    threshold: float | None = None  # the model's own alert threshold, when it sent one
 
     @property
     def risk_dict(self) -> dict[str, float]:
@@ -117,6 +118,7 @@ def prediction_record(p: Prediction, *, partition: int, offset: int) -> Predicti
         to_micros(p.emitted_at),
         partition,
         offset,
+        p.threshold,
     )
 
 

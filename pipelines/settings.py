@@ -55,7 +55,9 @@ class PipelineSettings(BaseSettings):
     monitoring_window: Duration = Field(timedelta(days=7), description="length of a monitoring window")
     monitoring_every: Duration = Field(timedelta(days=1), description="how often a monitoring window starts")
     decision_threshold: Threshold | None = Field(
-        None, description="risk at which a window counts as a predicted failure; default: the alert raise threshold"
+        None,
+        description="risk at which a window counts as a predicted failure, for predictions that carry no threshold "
+        "of their own (the LM's carry the one chosen at training); default: the alert raise threshold",
     )
     drift_threshold: float = Field(0.25, gt=0, description="PSI at or above which a drift event is written")
     work_dir: Path | None = Field(

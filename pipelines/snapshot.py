@@ -15,7 +15,7 @@ from store import connect
 
 PREDICTION_QUERY = """
 SELECT edge_id, seq, machine_id, epoch_us(window_start) AS window_start_us, epoch_us(window_end) AS window_end_us,
-       horizon_h, risk::VARCHAR AS risk, model_name, model_version
+       horizon_h, risk::VARCHAR AS risk, model_name, model_version, threshold
 FROM predictions
 ORDER BY machine_id, window_end, edge_id, seq
 """

@@ -44,8 +44,11 @@ CREATE TABLE IF NOT EXISTS predictions (
     model_version  VARCHAR   NOT NULL,
     emitted_at     TIMESTAMPTZ NOT NULL,
     ingested_at    TIMESTAMPTZ NOT NULL,
+    threshold      DOUBLE,
     PRIMARY KEY (edge_id, seq)
 );
+-- Stores made before predictions carried their model's threshold gain the column (NULL: judged at the default).
+ALTER TABLE predictions ADD COLUMN IF NOT EXISTS threshold DOUBLE;
 CREATE TABLE IF NOT EXISTS events (
     edge_id     VARCHAR NOT NULL,
     seq         BIGINT  NOT NULL,
@@ -174,7 +177,7 @@ WHERE (excluded.window_end, excluded.seq) > (latest_predictions.window_end, late
 
 PREDICTION_COLUMNS = (
     "edge_id, seq, machine_id, window_start, window_end, horizon_h, risk, max_risk, top_kind, "
-    "model_name, model_version, emitted_at, ingested_at"
+    "model_name, model_version, emitted_at, ingested_at, threshold"
 )
 EVENT_COLUMNS = "edge_id, seq, machine_id, ts, event, kind, detail, ingested_at"
 WRITABLE_TABLES = frozenset(
@@ -255,6 +258,7 @@ def prediction_row(p: Prediction, ingested_at: datetime) -> tuple[Any, ...]:
         p.model_version,
         p.emitted_at,
         ingested_at,
+        p.threshold,
     )
 
 

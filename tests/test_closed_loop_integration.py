@@ -51,6 +51,7 @@ from pipelines.run import run_once
 from pipelines.settings import PipelineSettings
 from simulator import FleetConfig, simulate_fleet
 from simulator.fleet import FleetData
+from store import connect
 
 pytest_plugins = ["tests.fixtures_prefect"]
 pytestmark = pytest.mark.integration
@@ -254,14 +255,23 @@ def start_edge(edges: list[RunningEdge], world: World, kafka: KafkaSettings, cha
     return edge
 
 
-def monitor(kafka: KafkaSettings, world: World, store: Path, threshold: float) -> QualityReading:
-    """Ingest what the edge sent, label it, measure it; the newest quality figures of the model running now."""
+def monitor(kafka: KafkaSettings, world: World, store: Path) -> QualityReading:
+    """Ingest what the edge sent, label it, measure it; the newest quality figures of the model running now.
+
+    No threshold is configured: each prediction carries its model's own, and monitoring judges each version by it.
+    """
     run_once(kafka, store)
     run_labeling(store, world.dataset, settings=PipelineSettings(allowed_lateness="1h"))
-    run_monitoring(store, world.dataset, settings=PipelineSettings(decision_threshold=threshold))
+    run_monitoring(store, world.dataset, settings=PipelineSettings())
     reading = read_quality(store)
     assert reading is not None
     return reading
+
+
+def thresholds_judged_at(store: Path, version: str) -> set[float]:
+    with connect(store, read_only=True) as con:
+        rows = con.execute("SELECT DISTINCT threshold FROM model_metrics WHERE model_version = ?", [version]).fetchall()
+    return {round(r[0], 6) for r in rows}
 
 
 def test_a_new_failure_kind_is_noticed_learned_rolled_out_and_then_predicted_with_lead_time(
@@ -300,9 +310,10 @@ def test_a_new_failure_kind_is_noticed_learned_rolled_out_and_then_predicted_wit
     edge = start_edge(edge_factory, world, kafka_settings, champion.path)
     edge.feed(jsonl_lines(world.new_world, until=SWITCH_AT))
     log_step(started, f"edge scored the new world until {SWITCH_AT}")
-    before = monitor(kafka_settings, world, store, champion_threshold)
+    before = monitor(kafka_settings, world, store)
     log_step(started, f"monitoring before: {before}")
     assert before.model_version == champion.version
+    assert thresholds_judged_at(store, champion.version) == {round(champion_threshold, 6)}
     examples = [r for r in read_dataset(world.dataset).to_pylist() if r["model_version"] == champion.version]
     assert sum(r["outcome"] == NEW_KIND for r in examples) >= 20, "labeling yields examples of the new kind"
 
@@ -338,9 +349,10 @@ def test_a_new_failure_kind_is_noticed_learned_rolled_out_and_then_predicted_wit
 
     # 4. More seal leaks, now scored by the candidate.
     edge.feed(jsonl_lines(world.new_world, since=SWITCH_AT))
-    after = monitor(kafka_settings, world, store, candidate_threshold)
+    after = monitor(kafka_settings, world, store)
     log_step(started, f"monitoring after: {after}")
     assert after.model_version == candidate.version
+    assert thresholds_judged_at(store, candidate.version) == {round(candidate_threshold, 6)}
     assert before.recall is not None and after.recall is not None
     assert after.recall > before.recall + 0.2
     assert after.failures >= 3

@@ -67,6 +67,7 @@ def test_agent_scores_every_window_sends_events_and_quarantines_bad_rows(tmp_pat
     assert len(predictions) == 14 == stats.predictions
     assert {p.machine_id for p in predictions} == {"m1", "m2"}
     assert all(p.model_name == "drift-zscore" and 0 <= p.max_risk <= 1 for p in predictions)
+    assert all(p.threshold is None for p in predictions)  # the baseline has no threshold of its own
     assert [e.event for e in events] == ["error:E7", "failure:bearing"]
     # (edge_id, seq) is unique across everything the edge sent
     seqs = [m.seq for m in sink.messages]  # type: ignore[attr-defined]
@@ -147,3 +148,24 @@ def test_unknown_machines_and_machines_past_the_limit_are_quarantined(tmp_path: 
     stats = agent.run(FileReplay(capped.sources[0]))
     assert agent.windows.machines == 1 and agent.quarantine.counts["unknown_machine"] > 0
     assert "over machines.max" in (tmp_path / "state2" / "quarantine.jsonl").read_text()
+
+
+class ThresholdedScorer:
+    """Like the LM runtime: a model that carries the alert threshold chosen on its validation data."""
+
+    name, version, horizon_h, threshold = "lm", "3", 24.0, 0.37
+
+    def score(self, window: object) -> dict[str, float]:
+        return {"failure": 0.5}
+
+    def score_many(self, windows: list[object]) -> list[dict[str, float]]:
+        return [self.score(w) for w in windows]
+
+
+def test_predictions_carry_their_models_own_threshold(tmp_path: Path) -> None:
+    write_fleet(tmp_path)
+    cfg = config(tmp_path)
+    sink = ListSink()
+    EdgeAgent(cfg, ThresholdedScorer(), sink).run(FileReplay(cfg.sources[0]))  # type: ignore[arg-type]
+    predictions = [m for m in sink.messages if isinstance(m, Prediction)]
+    assert len(predictions) == 14 and {(p.model_version, p.threshold) for p in predictions} == {("3", 0.37)}

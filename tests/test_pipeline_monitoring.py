@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from contracts.messages import Prediction
 from pipelines.drift import DriftReference, histogram
 from pipelines.labeling import run_labeling
 from pipelines.monitoring import run_monitoring
@@ -86,3 +87,45 @@ def test_new_error_codes_in_the_event_stream_are_a_drift_event_and_a_rerun_repla
     with connect(store, read_only=True) as con:
         drifted = con.execute("SELECT count(*) FROM drift WHERE drifted").fetchone()
     assert drifted == (2,)
+
+
+def test_each_model_version_is_judged_at_its_own_threshold(tmp_path: Path) -> None:
+    history = FleetHistory(machines=6, hours=20 * DAY, failures=BEARINGS)
+    # The same risks as above, from a model whose own threshold (0.95) is above its warnings (0.9): by its own
+    # standard it never warned. Predictions without a threshold are judged at the configured one (0.5 here).
+    strict = [
+        m.model_copy(update={"threshold": 0.95}) if isinstance(m, Prediction) else m
+        for m in history.messages(risk_before_bearings)
+    ]
+    store = store_history(tmp_path / "store.duckdb", strict)
+    run_labeling(store, tmp_path / "dataset", settings=SETTINGS)
+
+    report = run_monitoring(store, tmp_path / "dataset", settings=SETTINGS)
+
+    early = report.series("failure")[:2]
+    assert all(w.threshold == 0.95 and w.recall == 0.0 and w.failures_caught == 0 for w in early)
+    assert SETTINGS.threshold < 0.9  # at the configured threshold these warnings would have counted
+
+
+def test_a_store_made_before_thresholds_gains_the_column(tmp_path: Path) -> None:
+    import duckdb
+
+    path = tmp_path / "old.duckdb"
+    with duckdb.connect(str(path)) as con:
+        con.execute(
+            "CREATE TABLE predictions (edge_id VARCHAR NOT NULL, seq BIGINT NOT NULL, machine_id VARCHAR NOT NULL, "
+            "window_start TIMESTAMPTZ NOT NULL, window_end TIMESTAMPTZ NOT NULL, horizon_h DOUBLE NOT NULL, "
+            "risk JSON NOT NULL, max_risk DOUBLE NOT NULL, top_kind VARCHAR NOT NULL, model_name VARCHAR NOT NULL, "
+            "model_version VARCHAR NOT NULL, emitted_at TIMESTAMPTZ NOT NULL, ingested_at TIMESTAMPTZ NOT NULL, "
+            "PRIMARY KEY (edge_id, seq))"
+        )
+    history = FleetHistory(machines=1, hours=3)
+    store_history(
+        path, [m.model_copy(update={"threshold": 0.3}) for m in history.messages(lambda m, h: {"failure": 0.1})]
+    )
+    with connect(path, read_only=True) as con:
+        assert con.execute("SELECT count(*), min(threshold), max(threshold) FROM predictions").fetchone() == (
+            3,
+            0.3,
+            0.3,
+        )
