@@ -124,6 +124,21 @@ class ZScoreRule:
         return [self.score(w) for w in windows]
 
 
+def boosted_trees(*, seed: int = 0, max_iter: int = 300, learning_rate: float = 0.05) -> Any:
+    """The baseline's classifier, unfitted: small, regularised trees (few failures, many correlated windows)."""
+    from sklearn.ensemble import HistGradientBoostingClassifier  # cloud only: the edge install has no sklearn
+
+    return HistGradientBoostingClassifier(
+        max_iter=max_iter,
+        learning_rate=learning_rate,
+        max_leaf_nodes=15,
+        min_samples_leaf=40,
+        l2_regularization=1.0,
+        early_stopping=False,
+        random_state=seed,
+    )
+
+
 @dataclass
 class GradientBoostingBaseline:
     """A feature-based classifier: gradient boosted trees on window statistics, context and attributes.
@@ -144,20 +159,10 @@ class GradientBoostingBaseline:
     _columns: np.ndarray | None = None
 
     def fit(self, windows: Sequence[Window], failed: Sequence[bool]) -> None:
-        from sklearn.ensemble import HistGradientBoostingClassifier  # cloud only: the edge install has no sklearn
-
         labels = np.asarray(failed, dtype=np.int64)
         if labels.min(initial=1) == labels.max(initial=0):
             raise ValueError("GradientBoostingBaseline.fit needs both failed and ok training windows")
-        model = HistGradientBoostingClassifier(
-            max_iter=self.max_iter,
-            learning_rate=self.learning_rate,
-            max_leaf_nodes=15,
-            min_samples_leaf=40,
-            l2_regularization=1.0,
-            early_stopping=False,
-            random_state=self.seed,
-        )
+        model = boosted_trees(seed=self.seed, max_iter=self.max_iter, learning_rate=self.learning_rate)
         features = feature_matrix(windows, self.spec)
         # A feature never defined in training (no maintenance, no errors seen) cannot be split on: leave it out.
         self._columns = np.flatnonzero(np.isfinite(features).any(axis=0))
