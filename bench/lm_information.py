@@ -28,10 +28,10 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from models.baselines import boosted_trees  # noqa: E402
+from models.baselines import baseline_features, boosted_trees  # noqa: E402
 from models.dataset import Fleet, build_windows, choose_split, parse_time, split_windows  # noqa: E402
 from models.evaluate import average_precision  # noqa: E402
-from models.features import FeatureSpec, feature_matrix  # noqa: E402
+from models.features import feature_matrix  # noqa: E402
 from models.tokenizer import TelemetryTokenizer  # noqa: E402
 from models.train import TrainSettings  # noqa: E402
 
@@ -97,14 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     tokens += [token_columns(tokenizer, ws, tokens[0].shape[1]) for ws in (validation, test)]
     fit_and_score("1. the LM's tokens", tokens)
 
-    spec = FeatureSpec.from_training(
-        [w.window for w in train],
-        window_h=settings.window_h,
-        blocks=settings.blocks,
-        per_machine=settings.scaling == "machine",
-        daily_profile=settings.daily_profile,
-        residual=settings.residual,
-    )
+    spec = baseline_features([w.window for w in train], settings.tokenizer_settings().model_dump())
     feature_names = spec.names()
     sensor_stat = {
         f"{s}:b{b}{stat}" for stat in settings.block_stats for b in range(settings.blocks) for s in spec.scaling.sensors

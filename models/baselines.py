@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +122,19 @@ class ZScoreRule:
 
     def score_many(self, windows: Sequence[Window]) -> list[Risk]:
         return [self.score(w) for w in windows]
+
+
+def baseline_features(windows: Sequence[Window], tokenizer: Mapping[str, Any]) -> FeatureSpec:
+    """The baselines' features for an LM whose tokenizer settings are ``tokenizer`` (as saved in its checkpoint):
+    the same window, blocks and scaling, fitted on the same training windows, so both read the same numbers."""
+    return FeatureSpec.from_training(
+        windows,
+        window_h=float(tokenizer["window_h"]),
+        blocks=int(tokenizer.get("blocks", 4)),
+        per_machine=tokenizer.get("scaling", "machine") == "machine",
+        daily_profile=bool(tokenizer.get("daily_profile", False)),
+        residual=bool(tokenizer.get("residual", False)),
+    )
 
 
 def boosted_trees(*, seed: int = 0, max_iter: int = 300, learning_rate: float = 0.05) -> Any:

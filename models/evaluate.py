@@ -272,8 +272,7 @@ def evaluate(
     Baselines are fitted on the model's own training data and split (read from its ``precursor.json``), so every
     scorer learned from the same windows and is judged on the same ones.
     """
-    from models.baselines import DriftZScore, GradientBoostingBaseline, ZScoreRule
-    from models.features import FeatureSpec
+    from models.baselines import DriftZScore, GradientBoostingBaseline, ZScoreRule, baseline_features
     from models.model import read_meta
 
     model_dir = Path(model_dir)
@@ -310,7 +309,8 @@ def evaluate(
         raise DatasetError(f"no test windows in {telemetry} (since={since}): nothing to evaluate")
 
     train, validation = split_windows(train_fleet, spec, split)
-    per_machine = bool(meta.training.get("tokenizer", {}).get("scaling", "machine") == "machine")
+    tokenizer_settings = {**meta.training.get("tokenizer", {}), "window_h": spec.window_h}
+    per_machine = tokenizer_settings.get("scaling", "machine") == "machine"
     unseen = set(test_fleet.machine_ids) - set(train_fleet.machine_ids)
     if per_machine and len(unseen) > len(test_fleet.machine_ids) / 2:
         log.warning(
@@ -320,15 +320,7 @@ def evaluate(
             len(unseen),
             len(test_fleet.machine_ids),
         )
-    blocks = int(meta.training.get("tokenizer", {}).get("blocks", 4))
-    features = FeatureSpec.from_training(
-        [w.window for w in train],
-        window_h=spec.window_h,
-        blocks=blocks,
-        per_machine=per_machine,
-        daily_profile=bool(meta.training.get("tokenizer", {}).get("daily_profile", False)),
-        residual=bool(meta.training.get("tokenizer", {}).get("residual", False)),
-    )
+    features = baseline_features([w.window for w in train], tokenizer_settings)
     seed = int(meta.training.get("seed", 0))
     baselines: list[Any] = [
         ZScoreRule(features, horizon_h=spec.horizon_h),
