@@ -13,7 +13,9 @@ the graph with the torch model, so a builder mistake cannot ship.
 
 The ONNX graph takes ``input_ids`` (B, T) int64, right-padded, and ``last_index`` (B,) int64 (each row's last real
 token), as :func:`models.outcome.pack_sequences` makes them, and returns ``last_logits`` (B, V): the logits at that
-position, the only one the risk needs. The final projection runs on B rows instead of B x T.
+position, the only one the risk needs. The final projection runs on B rows instead of B x T. A model with a value
+channel (:class:`models.model.ValueGPT2LMHeadModel`) takes ``values`` (B, T) float32 as well; ``precursor.json``
+lists the inputs under ``onnx.inputs``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from torch import nn
 
+from models.model import load_causal_lm, takes_values
 from models.outcome import pack_sequences, risks_from_logits
 from models.registry import DEFAULT_MODEL_NAME, VERSION_PATTERN, sign_artifact
 from models.scoring import ANY_FAILURE, Window
@@ -48,6 +51,7 @@ METRICS_FILE = "metrics.json"
 MODEL_FILE = "model.onnx"
 FP32_MODEL_FILE = "model.fp32.onnx"
 INPUT_NAMES = ("input_ids", "last_index")
+VALUES_INPUT = "values"
 OUTPUT_NAME = "last_logits"
 OPSET = 17
 """Opset 17 has LayerNormalization as one op, and every ONNX Runtime from 1.14 on (the edge pins >= 1.20) runs it."""
@@ -108,13 +112,7 @@ class LastTokenLogits(nn.Module):
 
 def load_checkpoint_model(checkpoint_dir: Path) -> nn.Module:
     """The torch model of a checkpoint folder, in eval mode, with attention the ONNX exporter can trace."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(checkpoint_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        checkpoint_dir, config=config, local_files_only=True, attn_implementation="eager"
-    )
-    return model.eval()
+    return load_causal_lm(checkpoint_dir, attn_implementation="eager").eval()
 
 
 def read_precursor_config(checkpoint_dir: Path) -> dict[str, Any]:
@@ -146,6 +144,8 @@ def export_onnx(model: nn.Module, path: Path, *, opset: int = OPSET) -> None:
     if is_plain_gpt2(model):
         onnx.save(gpt2_graph(model), str(path))
         return
+    if takes_values(model):
+        raise ValueError("a model with a value channel must be plain GPT-2 (models.model.ValueGPT2LMHeadModel)")
     trace_onnx(model, path, opset=opset)
 
 
@@ -202,7 +202,7 @@ class _GraphBuilder:
 
 
 def gpt2_graph(model: nn.Module) -> onnx.ModelProto:
-    """GPT-2 as ONNX, from its weights: ``input_ids (B, T), last_index (B,) -> last_logits (B, V)``.
+    """GPT-2 as ONNX, from its weights: ``input_ids (B, T), last_index (B,) [, values (B, T)] -> last_logits (B, V)``.
 
     Per block: LayerNorm -> fused causal Attention (com.microsoft, the GPT-2 qkv matrix as is) -> projection ->
     residual -> LayerNorm -> MLP with FastGelu (the tanh GELU GPT-2 uses) -> residual. Then each row's last real
@@ -221,6 +221,13 @@ def gpt2_graph(model: nn.Module) -> onnx.ModelProto:
     length = g.op("Squeeze", [length_1d, axis0], "length")
     batch = g.op("Squeeze", [g.op("Shape", ["input_ids"], "batch_1d", start=0, end=1), axis0], "batch")
     tokens = g.op("Gather", [g.weight("wte", weights["wte.weight"]), "input_ids"], "tokens", axis=0)  # (B, T, C)
+    valued = takes_values(model)
+    if valued:  # wte[id] + value * wve[id]
+        table = model.value_embedding.weight.detach().float().cpu().numpy()
+        directions = g.op("Gather", [g.weight("wve", table), "input_ids"], "value_directions", axis=0)  # (B, T, C)
+        g.weight("last_axis", np.array([-1], np.int64))
+        column = g.op("Unsqueeze", [VALUES_INPUT, "last_axis"], "value_column")  # (B, T, 1)
+        tokens = g.op("Add", [tokens, g.op("Mul", [directions, column], "value_part")], "valued_tokens")
     # Slice, not Gather(Range): ONNX Runtime rewrites the latter into a Slice it then cannot run.
     positions = g.op("Slice", [g.weight("wpe", weights["wpe.weight"]), axis0, length_1d, axis0], "positions")
     h = g.op("Add", [tokens, positions], "embedded")  # (B, T, C)
@@ -269,13 +276,16 @@ def gpt2_graph(model: nn.Module) -> onnx.ModelProto:
     )
     g.op("MatMul", [last, g.weight("head.w", head.T)], OUTPUT_NAME)  # (B, V)
 
+    inputs = [
+        onnx.helper.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, ["batch", "sequence"]),
+        onnx.helper.make_tensor_value_info("last_index", onnx.TensorProto.INT64, ["batch"]),
+    ]
+    if valued:
+        inputs.append(onnx.helper.make_tensor_value_info(VALUES_INPUT, onnx.TensorProto.FLOAT, ["batch", "sequence"]))
     graph = onnx.helper.make_graph(
         g.nodes,
         "precursor-gpt2",
-        [
-            onnx.helper.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, ["batch", "sequence"]),
-            onnx.helper.make_tensor_value_info("last_index", onnx.TensorProto.INT64, ["batch"]),
-        ],
+        inputs,
         [onnx.helper.make_tensor_value_info(OUTPUT_NAME, onnx.TensorProto.FLOAT, ["batch", config.vocab_size])],
         g.weights,
     )
@@ -314,21 +324,33 @@ def _session(path: Path) -> ort.InferenceSession:
 
 
 def _run_batched(
-    session: ort.InferenceSession, sequences: Sequence[Sequence[int]], max_len: int, batch: int = 64
+    session: ort.InferenceSession,
+    sequences: Sequence[Sequence[int]],
+    max_len: int,
+    batch: int = 64,
+    *,
+    values: Sequence[np.ndarray] | None = None,
 ) -> np.ndarray:
     out = []
     for start in range(0, len(sequences), batch):
-        packed = pack_sequences(sequences[start : start + batch], pad_id=0, max_length=max_len)
-        out.append(session.run([OUTPUT_NAME], {"input_ids": packed.input_ids, "last_index": packed.last_index})[0])
+        part = None if values is None else values[start : start + batch]
+        packed = pack_sequences(sequences[start : start + batch], pad_id=0, max_length=max_len, values=part)
+        feeds = {"input_ids": packed.input_ids, "last_index": packed.last_index}
+        if packed.values is not None:
+            feeds[VALUES_INPUT] = packed.values
+        out.append(session.run([OUTPUT_NAME], feeds)[0])
     return np.concatenate(out)
 
 
-def _torch_last_logits(model: nn.Module, sequences: Sequence[Sequence[int]]) -> np.ndarray:
+def _torch_last_logits(
+    model: nn.Module, sequences: Sequence[Sequence[int]], values: Sequence[np.ndarray] | None = None
+) -> np.ndarray:
     """The reference: each sequence alone, unpadded, through the full torch forward."""
     rows = []
     with torch.no_grad():
-        for seq in sequences:
-            out = model(torch.tensor([list(seq)], dtype=torch.int64))
+        for i, seq in enumerate(sequences):
+            extra = {} if values is None else {"values": torch.tensor(np.asarray(values[i], np.float32)[None, :])}
+            out = model(torch.tensor([list(seq)], dtype=torch.int64), **extra)
             logits = out.logits if hasattr(out, "logits") else out[0]
             rows.append(logits[0, -1].float().numpy())
     return np.stack(rows)
@@ -341,6 +363,12 @@ def random_sequences(vocab_size: int, max_len: int, count: int, seed: int = 0) -
     return [rng.integers(0, vocab_size, int(n)).tolist() for n in lengths]
 
 
+def random_values(sequences: Sequence[Sequence[int]], seed: int = 0) -> list[np.ndarray]:
+    """A value beside every id, of the size :func:`models.tokenizer.token_value` gives (about -5 to 5)."""
+    rng = np.random.default_rng(seed)
+    return [rng.normal(0.0, 2.0, len(s)).astype(np.float32) for s in sequences]
+
+
 def check_parity(
     model: nn.Module,
     fp32_path: Path,
@@ -351,6 +379,7 @@ def check_parity(
     outcome_tokens: dict[str, int],
     threshold: float,
     decision_sequences: Sequence[Sequence[int]] | None,
+    decision_values: Sequence[np.ndarray] | None = None,
     tolerance: float = 1e-4,
     min_agreement: float = 0.99,
 ) -> ParityReport:
@@ -360,20 +389,24 @@ def check_parity(
     risks sit far from any threshold), so they are used only when nothing better is given, and the report says so.
     """
     probe = random_sequences(vocab_size, max_len, count=24)
-    reference = _torch_last_logits(model, probe)
+    probe_values = random_values(probe) if takes_values(model) else None
+    reference = _torch_last_logits(model, probe, probe_values)
     fp32 = _session(fp32_path)
-    fp32_diff = float(np.abs(_run_batched(fp32, probe, max_len) - reference).max())
+    fp32_diff = float(np.abs(_run_batched(fp32, probe, max_len, values=probe_values) - reference).max())
     if not fp32_diff <= tolerance:
         raise ExportParityError(f"ONNX fp32 logits differ from torch by {fp32_diff:.3g} > tolerance {tolerance:g}")
 
     source = "validation windows" if decision_sequences else "random token sequences"
     windows = list(decision_sequences) if decision_sequences else probe
+    values = (decision_values if decision_sequences else probe_values) if takes_values(model) else None
+    if takes_values(model) and values is None:
+        raise ValueError("the model has a value channel: decision_sequences need decision_values beside them")
     int8 = _session(int8_path)
     risk_fp32 = np.array(
-        [r[ANY_FAILURE] for r in risks_from_logits(_run_batched(fp32, windows, max_len), outcome_tokens)]
+        [r[ANY_FAILURE] for r in risks_from_logits(_run_batched(fp32, windows, max_len, values=values), outcome_tokens)]
     )
     risk_int8 = np.array(
-        [r[ANY_FAILURE] for r in risks_from_logits(_run_batched(int8, windows, max_len), outcome_tokens)]
+        [r[ANY_FAILURE] for r in risks_from_logits(_run_batched(int8, windows, max_len, values=values), outcome_tokens)]
     )
     agreement = float(np.mean((risk_fp32 >= threshold) == (risk_int8 >= threshold)))
     max_risk_diff = float(np.abs(risk_fp32 - risk_int8).max())
@@ -397,13 +430,19 @@ def check_parity(
     return report
 
 
-def _encode_windows(checkpoint_dir: Path, windows: Sequence[Window] | Sequence[Sequence[int]]) -> list[list[int]]:
+def _encode_windows(
+    checkpoint_dir: Path, windows: Sequence[Window] | Sequence[Sequence[int]], *, values: bool
+) -> tuple[list[list[int]], list[np.ndarray] | None]:
+    """Calibration windows as ids (and values, for a model with a value channel); ids pass through."""
     if all(isinstance(w, Window) for w in windows):
         from models.tokenizer import TelemetryTokenizer
 
         tokenizer = TelemetryTokenizer.load(checkpoint_dir)
-        return [list(tokenizer.encode(w)) for w in windows]  # type: ignore[arg-type]
-    return [list(map(int, w)) for w in windows]  # type: ignore[arg-type]
+        if values:
+            encoded = tokenizer.encode_with_values(windows)  # type: ignore[arg-type]
+            return encoded.ids, encoded.values
+        return [list(tokenizer.encode(w)) for w in windows], None  # type: ignore[arg-type]
+    return [list(map(int, w)) for w in windows], None  # type: ignore[arg-type]
 
 
 def _outcome_tokens(checkpoint_dir: Path, config: dict[str, Any]) -> dict[str, int]:
@@ -421,6 +460,7 @@ def export_artifact(
     signing_key: Ed25519PrivateKey | Path | str,
     calibration_windows: Sequence[Window] | Sequence[Sequence[int]] | None = None,
     *,
+    calibration_values: Sequence[np.ndarray] | None = None,
     model_name: str | None = None,
     include_fp32: bool = False,
     tolerance: float = 1e-4,
@@ -429,7 +469,8 @@ def export_artifact(
     """Build the signed artifact folder ``out_dir`` from a checkpoint; return its path.
 
     ``calibration_windows`` (validation windows, or their token ids) are where int8 must make the same alert decision
-    as fp32. ``signing_key`` is a private key or the path of one. ``out_dir`` must not exist yet (or be empty).
+    as fp32; token ids for a model with a value channel need ``calibration_values`` beside them. ``signing_key`` is a
+    private key or the path of one. ``out_dir`` must not exist yet (or be empty).
     """
     checkpoint_dir = Path(checkpoint_dir)
     out_dir = Path(out_dir)
@@ -447,7 +488,12 @@ def export_artifact(
     model = load_checkpoint_model(checkpoint_dir)
     vocab_size = int(model.get_output_embeddings().weight.shape[0])
     max_len = context_length(model, config)
-    decision_sequences = _encode_windows(checkpoint_dir, calibration_windows) if calibration_windows else None
+    valued = takes_values(model)
+    decision_sequences, decision_values = (
+        _encode_windows(checkpoint_dir, calibration_windows, values=valued) if calibration_windows else (None, None)
+    )
+    if calibration_values is not None:
+        decision_values = list(calibration_values)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.exporting-", dir=out_dir.parent))
@@ -466,6 +512,7 @@ def export_artifact(
                 outcome_tokens=outcome_tokens,
                 threshold=float(config["threshold"]),
                 decision_sequences=decision_sequences,
+                decision_values=decision_values,
                 tolerance=tolerance,
                 min_agreement=min_agreement,
             )
@@ -474,7 +521,7 @@ def export_artifact(
         _copy_checkpoint_files(checkpoint_dir, staging)
         config["onnx"] = {
             "model_file": MODEL_FILE,
-            "inputs": list(INPUT_NAMES),
+            "inputs": [*INPUT_NAMES, VALUES_INPUT] if valued else list(INPUT_NAMES),
             "output": OUTPUT_NAME,
             "opset": OPSET,
             "quantization": "int8 dynamic (MatMul/Gemm/Attention weights; embeddings and output head fp32)",

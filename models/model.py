@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedModel
 
 from models.outcome import pack_sequences, risks_from_logits
 from models.scoring import Risk, Window
@@ -55,6 +55,7 @@ class ModelConfig:
     dropout: float = 0.1
     pad_token_id: int = 0
     bos_token_id: int = 2
+    value_channel: bool = False
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
@@ -66,8 +67,38 @@ class ModelConfig:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
 
 
+class ValueGPT2LMHeadModel(GPT2LMHeadModel):
+    """GPT-2 with a value channel: each token's embedding plus its value times a direction of its own.
+
+    ``embedding(token, value) = wte[token] + value * wve[token]``: for a bin token, a line through its bin's embedding,
+    so the model reads where in the bin a statistic lies (the tail bins are open-ended, and a failure's readings sit
+    there). Values come from :meth:`models.tokenizer.TelemetryTokenizer.encode_with_values`; tokens without one carry
+    0, and so does every token when ``values`` is not given. The forward contract gains ``values`` ``(B, L)`` float.
+    """
+
+    def __init__(self, config: GPT2Config) -> None:
+        super().__init__(config)
+        self.value_embedding = torch.nn.Embedding(config.vocab_size, config.n_embd)
+        torch.nn.init.normal_(self.value_embedding.weight, std=config.initializer_range)
+
+    def forward(  # type: ignore[override]
+        self, input_ids: torch.Tensor | None = None, values: torch.Tensor | None = None, **kwargs: Any
+    ) -> Any:
+        if values is not None and input_ids is not None:
+            wte = self.transformer.wte(input_ids)
+            kwargs["inputs_embeds"] = wte + self.value_embedding(input_ids) * values.unsqueeze(-1).to(wte.dtype)
+            input_ids = None
+        return super().forward(input_ids=input_ids, **kwargs)
+
+
+def takes_values(model: torch.nn.Module) -> bool:
+    """Whether the model has a value channel (:class:`ValueGPT2LMHeadModel`)."""
+    return bool(getattr(getattr(model, "config", None), "value_channel", False))
+
+
 def build_model(config: ModelConfig) -> GPT2LMHeadModel:
-    """A fresh GPT-2-style causal LM with the given shape (random weights, no hub)."""
+    """A fresh GPT-2-style causal LM with the given shape (random weights, no hub); with ``value_channel``, a
+    :class:`ValueGPT2LMHeadModel`."""
     hf_config = GPT2Config(
         vocab_size=config.vocab_size,
         n_positions=config.n_positions,
@@ -82,7 +113,19 @@ def build_model(config: ModelConfig) -> GPT2LMHeadModel:
         eos_token_id=None,
         tie_word_embeddings=True,
     )
+    if config.value_channel:
+        hf_config.value_channel = True
+        return ValueGPT2LMHeadModel(hf_config)
     return GPT2LMHeadModel(hf_config)
+
+
+def load_causal_lm(directory: str | Path, **kwargs: Any) -> PreTrainedModel:
+    """A saved causal LM: ours with a value channel as :class:`ValueGPT2LMHeadModel` (transformers' auto classes would
+    build plain GPT-2 and drop the value table with only a warning), any other through ``AutoModelForCausalLM``."""
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    if getattr(config, "value_channel", False):
+        return ValueGPT2LMHeadModel.from_pretrained(directory, config=config, local_files_only=True, **kwargs)
+    return AutoModelForCausalLM.from_pretrained(directory, config=config, local_files_only=True, **kwargs)
 
 
 def init_ordinal_embeddings(
@@ -188,7 +231,7 @@ def load_checkpoint(directory: str | Path) -> tuple[PreTrainedModel, TelemetryTo
             f"{directory}: tokenizer hash {tokenizer.content_hash[:12]} differs from the one the model was trained "
             f"with ({meta.tokenizer_hash[:12]})"
         )
-    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
+    model = load_causal_lm(directory)
     model.eval()
     return model, tokenizer, meta
 
@@ -202,18 +245,28 @@ def model_config_dict(config: ModelConfig) -> dict[str, Any]:
 
 @torch.no_grad()
 def last_logits(
-    model: PreTrainedModel, sequences: Sequence[Sequence[int]], pad_id: int, batch_size: int = 256
+    model: PreTrainedModel,
+    sequences: Sequence[Sequence[int]],
+    pad_id: int,
+    batch_size: int = 256,
+    *,
+    values: Sequence[np.ndarray] | None = None,
 ) -> np.ndarray:
-    """Logits ``(N, V)`` at each sequence's last token: the next-token distribution after the horizon token."""
+    """Logits ``(N, V)`` at each sequence's last token: the next-token distribution after the horizon token.
+
+    ``values``, beside the ids, for a model with a value channel."""
     was_training = model.training
     model.eval()
     limit = context_length(model)
     out = []
     for i in range(0, len(sequences), batch_size):
-        batch = pack_sequences(sequences[i : i + batch_size], pad_id=pad_id, max_length=limit)
+        part = None if values is None else values[i : i + batch_size]
+        batch = pack_sequences(sequences[i : i + batch_size], pad_id=pad_id, max_length=limit, values=part)
+        extra = {} if batch.values is None else {"values": torch.from_numpy(batch.values).to(model.device)}
         logits = model(
             input_ids=torch.from_numpy(batch.input_ids).to(model.device),
             attention_mask=torch.from_numpy(batch.attention_mask).to(model.device),
+            **extra,
         ).logits  # (B, L, V)
         index = torch.from_numpy(batch.last_index).to(model.device)
         out.append(logits[torch.arange(len(index), device=model.device), index].float().cpu().numpy())  # (B, V)
@@ -242,5 +295,9 @@ class TorchScorer:
     def score_many(self, windows: Sequence[Window]) -> list[Risk]:
         if not windows:
             return []
-        logits = last_logits(self.model, self.tokenizer.encode_many(windows), self.tokenizer.pad_id)
+        if takes_values(self.model):
+            encoded = self.tokenizer.encode_with_values(windows)
+            logits = last_logits(self.model, encoded.ids, self.tokenizer.pad_id, values=encoded.values)
+        else:
+            logits = last_logits(self.model, self.tokenizer.encode_many(windows), self.tokenizer.pad_id)
         return risks_from_logits(logits, self.tokenizer.outcome_tokens)

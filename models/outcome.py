@@ -100,16 +100,28 @@ class PackedBatch:
     input_ids: np.ndarray
     attention_mask: np.ndarray
     last_index: np.ndarray  # (B,) index of each sequence's last real token: where its risk is read
+    values: np.ndarray | None = None  # (B, L) float32 beside the ids, for a model with a value channel; 0 in padding
 
     def last_logits(self, logits: np.ndarray) -> np.ndarray:
         """The logits ``(B, V)`` at each sequence's last real position, from the model's ``(B, L, V)`` output."""
         return logits[np.arange(len(self.last_index)), self.last_index]
 
 
-def pack_sequences(sequences: Sequence[Sequence[int]], pad_id: int, max_length: int) -> PackedBatch:
-    """Left-truncate each sequence to ``max_length``, then right-pad the batch to its longest member."""
+def pack_sequences(
+    sequences: Sequence[Sequence[int]],
+    pad_id: int,
+    max_length: int,
+    *,
+    values: Sequence[Sequence[float] | np.ndarray] | None = None,
+) -> PackedBatch:
+    """Left-truncate each sequence to ``max_length``, then right-pad the batch to its longest member; ``values``
+    (one per id) are cut and padded the same way."""
     if not sequences:
         raise ValueError("pack_sequences needs at least one sequence")
+    if values is not None and (
+        len(values) != len(sequences) or any(len(v) != len(s) for v, s in zip(values, sequences, strict=False))
+    ):
+        raise ValueError("pack_sequences: values must have one entry per id of every sequence")
     cut = [truncate_left(s, max_length) for s in sequences]
     if any(len(s) == 0 for s in cut):
         raise ValueError("pack_sequences got an empty sequence")
@@ -120,4 +132,9 @@ def pack_sequences(sequences: Sequence[Sequence[int]], pad_id: int, max_length: 
         input_ids[i, : len(s)] = s
         attention_mask[i, : len(s)] = 1
     last_index = np.array([len(s) - 1 for s in cut], dtype=np.int64)
-    return PackedBatch(input_ids, attention_mask, last_index)
+    packed_values = None
+    if values is not None:
+        packed_values = np.zeros((len(cut), width), dtype=np.float32)
+        for i, (v, s) in enumerate(zip(values, cut, strict=True)):
+            packed_values[i, : len(s)] = np.asarray(v, dtype=np.float32)[len(v) - len(s) :]
+    return PackedBatch(input_ids, attention_mask, last_index, packed_values)

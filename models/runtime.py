@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import onnxruntime as ort
 
 from models.outcome import pack_sequences, risks_from_logits
@@ -31,6 +32,11 @@ class WindowTokenizer(Protocol):
     (the ids of each, as :class:`models.tokenizer.TelemetryTokenizer` has) gets a batch's windows at once."""
 
     def encode(self, window: Window) -> list[int]: ...
+
+
+class ValuedSequencesLike(Protocol):
+    ids: list[list[int]]
+    values: list[np.ndarray]
 
 
 class LMScorer:
@@ -63,7 +69,12 @@ class LMScorer:
         self.max_batch_size = max_batch_size
         self._session = session
         self._tokenizer = tokenizer
-        self._input_ids, self._last_index = onnx["inputs"]
+        inputs = [str(name) for name in onnx["inputs"]]
+        self._input_ids, self._last_index = inputs[:2]
+        # A model with a value channel also takes each token's value (models.tokenizer.token_value).
+        self._values: str | None = inputs[2] if len(inputs) > 2 else None
+        if self._values is not None and not hasattr(tokenizer, "encode_with_values"):
+            raise ArtifactError(f"the model takes {self._values!r}: its tokenizer must have encode_with_values")
         self._output = str(onnx["output"])
 
     @classmethod
@@ -106,27 +117,44 @@ class LMScorer:
 
     def warm_up(self) -> None:
         """One inference, so the first real window does not pay for ONNX Runtime's lazy set-up."""
-        self.score_token_ids([[0] * min(8, self.context_length)])
+        length = min(8, self.context_length)
+        self.score_token_ids([[0] * length], None if self._values is None else [np.zeros(length, np.float32)])
 
     def score(self, window: Window) -> Risk:
         return self.score_many([window])[0]
 
     def score_many(self, windows: Sequence[Window]) -> list[Risk]:
+        if self._values is not None:
+            encoded: ValuedSequencesLike = self._tokenizer.encode_with_values(windows)  # type: ignore[attr-defined]
+            return self.score_token_ids(encoded.ids, encoded.values)
         encode_many = getattr(self._tokenizer, "encode_many", None)
         if encode_many is not None:  # the same ids, a batch's statistics worked out together
             return self.score_token_ids(encode_many(windows))
         return self.score_token_ids([self._tokenizer.encode(w) for w in windows])
 
-    def score_token_ids(self, sequences: Sequence[Sequence[int]]) -> list[Risk]:
-        """Risks for already-tokenized windows; sequences longer than the context keep their end."""
+    def score_token_ids(
+        self, sequences: Sequence[Sequence[int]], values: Sequence[np.ndarray] | None = None
+    ) -> list[Risk]:
+        """Risks for already-tokenized windows (and the values beside their ids, for a model that takes them);
+        sequences longer than the context keep their end."""
         if not sequences:
             return []
+        if (values is None) != (self._values is None):
+            wanted = "needs" if self._values is not None else "takes no"
+            raise ValueError(f"this model {wanted} values beside the token ids")
         order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
         risks: list[Risk | None] = [None] * len(sequences)
         for start in range(0, len(order), self.max_batch_size):
             rows = order[start : start + self.max_batch_size]
-            packed = pack_sequences([sequences[i] for i in rows], pad_id=0, max_length=self.context_length)
+            packed = pack_sequences(
+                [sequences[i] for i in rows],
+                pad_id=0,
+                max_length=self.context_length,
+                values=None if values is None else [values[i] for i in rows],
+            )
             feeds = {self._input_ids: packed.input_ids, self._last_index: packed.last_index}
+            if self._values is not None:
+                feeds[self._values] = packed.values
             logits = self._session.run([self._output], feeds)[0]
             for row, risk in zip(rows, risks_from_logits(logits, self.outcome_tokens), strict=True):
                 risks[row] = risk

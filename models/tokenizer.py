@@ -282,6 +282,9 @@ class TelemetryTokenizer:
         hf.pre_tokenizer = WhitespaceSplit()
         self._hf = hf
         self._sensor_ids = self._sensor_id_table(state)
+        self._is_statistic = np.zeros(len(tokens), dtype=bool)
+        for table in self._sensor_ids.values():
+            self._is_statistic[table] = True
         self._edge_table = {
             key: np.array(
                 [list(e) + [np.inf] * (self.settings.bins - 1 - len(e)) for e in edges], dtype=np.float64
@@ -445,10 +448,38 @@ class TelemetryTokenizer:
         windows = list(windows)
         out: list[list[int]] = []
         for start in range(0, len(windows), ENCODE_BATCH):
-            out += self._encode_batch(windows[start : start + ENCODE_BATCH])
+            out += self._encode_batch(windows[start : start + ENCODE_BATCH])[0]
         return out
 
-    def _encode_batch(self, windows: Sequence[Window]) -> list[list[int]]:
+    def encode_with_values(self, windows: Iterable[Window]) -> ValuedSequences:
+        """:meth:`encode_many`'s ids, and beside each id the value its token stands for (see :func:`token_value`):
+        the statistic a bin token was cut from, 0 for every other token. A model with a value channel reads both, so
+        it sees where in its bin a reading lies, and how far past the last edge a tail bin's reading went."""
+        windows = list(windows)
+        out = ValuedSequences([], [])
+        for start in range(0, len(windows), ENCODE_BATCH):
+            ids, stacked = self._encode_batch(windows[start : start + ENCODE_BATCH])
+            out.ids.extend(ids)
+            out.values.extend(self._values_along(seq, rows) for seq, rows in zip(ids, stacked, strict=True))
+        return out
+
+    def _values_along(self, ids: Sequence[int], stacked: np.ndarray) -> np.ndarray:
+        """The values ``(L,)`` float32 beside one sequence's ids: each statistic token gets its statistic, in the
+        order :meth:`_assemble` lays the tokens out; the rest get 0."""
+        s = self.settings
+        n_block_stats, n_sensors = len(s.block_stats), stacked.shape[1]
+        parts = []
+        if n_block_stats:
+            per_block = stacked[: n_block_stats * s.blocks].reshape(n_block_stats, s.blocks, n_sensors)
+            parts.append(per_block.transpose(1, 2, 0).reshape(-1))
+        if s.window_stats:
+            parts.append(stacked[n_block_stats * s.blocks :].T.reshape(-1))
+        seq = np.asarray(ids, dtype=np.int64)
+        out = np.zeros(len(seq), dtype=np.float32)
+        out[self._is_statistic[seq]] = token_value(np.concatenate(parts))
+        return out
+
+    def _encode_batch(self, windows: Sequence[Window]) -> tuple[list[list[int]], np.ndarray]:
         s, state = self.settings, self.state
         window_s = s.window_h * HOUR_S
         keys = self._statistic_keys()
@@ -476,10 +507,11 @@ class TelemetryTokenizer:
             rows_of = np.concatenate([parts[key] for key in keys], axis=1)  # (W, R, S)
             for k, (i, _, _) in enumerate(members):
                 stacked[i] = rows_of[k]
-        ids = self._binned_ids(np.stack(stacked))  # type: ignore[arg-type]
+        rows = np.stack(stacked)  # type: ignore[arg-type]
+        ids = self._binned_ids(rows)
         return [
             self._assemble(*self._head_ids(window), sensor_ids) for window, sensor_ids in zip(windows, ids, strict=True)
-        ]
+        ], rows
 
     def _head_ids(self, window: Window) -> tuple[list[int], list[list[str]]]:
         """The context's ids (up to the recent errors), and the event tokens of each block."""
@@ -760,6 +792,30 @@ class TelemetryTokenizer:
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ValuedSequences:
+    """Token ids and, beside each id, its value (float32, as long): :meth:`TelemetryTokenizer.encode_with_values`."""
+
+    ids: list[list[int]]
+    values: list[np.ndarray]
+
+
+def token_value(statistic: np.ndarray) -> np.ndarray:
+    """The value a statistic token carries: the scaled statistic on a log scale past 1, ``sign(x) * log1p(|x|)``, and 0
+    where it is missing (its token says so).
+
+    Why the log: readings are scaled to about unit spread, and a spike can be a hundred of those; the log keeps a
+    spike's size readable without letting one reading swamp the token's embedding.
+
+    >>> token_value(np.array([0.0, 1.0, -99.0, np.nan])).round(3).tolist()
+    [0.0, 0.693, -4.605, 0.0]
+    """
+    x = np.asarray(statistic, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        out = np.sign(x) * np.log1p(np.abs(x))
+    return np.where(np.isfinite(out), out, 0.0).astype(np.float32)
 
 
 def _weighted_edges(values: np.ndarray, weights: np.ndarray, bins: int) -> np.ndarray:

@@ -35,7 +35,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch.optim.swa_utils import AveragedModel
 from transformers import PreTrainedModel
 
@@ -114,6 +114,10 @@ class TrainSettings(BaseModel):
     # Bin tokens start on a line through embedding space, in order (models.model.init_ordinal_embeddings). Off by
     # default: on the simulator's fleet it reached its best validation step sooner but lower (0.566 against 0.591).
     ordinal_init: bool = False
+    # Statistic tokens also carry their value (models.model.ValueGPT2LMHeadModel): binning loses where in its bin a
+    # reading lies, and gradient boosting fitted on the LM's own statistics lost 0.09-0.12 PR-AUC when it saw them
+    # binned (bench/lm_information.py). Our own GPT-2 only, not a backbone.
+    value_channel: bool = False
     ema_decay: Annotated[float, Field(ge=0, lt=1)] = 0.99
     threads: Annotated[int, Field(ge=1, le=256)] = 1
     # Where training runs: the edge never trains, but a cloud retraining worker may have a GPU. The exported model is
@@ -124,6 +128,12 @@ class TrainSettings(BaseModel):
     min_validation_failures: Annotated[int, Field(ge=1)] = 3
     # The int8 export must make the fp32 model's alert decision on at least this share of validation windows.
     min_int8_agreement: Annotated[float, Field(ge=0, le=1)] = 0.99
+
+    @model_validator(mode="after")
+    def _value_channel_needs_our_model(self) -> TrainSettings:
+        if self.value_channel and self.backbone is not None:
+            raise ValueError("value_channel works with the built-in model only, not with a backbone")
+        return self
 
     def tokenizer_settings(self) -> TokenizerSettings:
         return TokenizerSettings(
@@ -160,6 +170,7 @@ class EncodedWindows:
     failed: np.ndarray  # (N,) bool
     body_start: np.ndarray  # (N,) index of the first token after the context
     followups: np.ndarray  # (N,) the token after the outcome: time to the next failure (<next:B>)
+    values: list[np.ndarray] | None = None  # beside each id, its value, for a model with a value channel
 
     def subset(self, rows: np.ndarray) -> EncodedWindows:
         return EncodedWindows(
@@ -168,11 +179,16 @@ class EncodedWindows:
             failed=self.failed[rows],
             body_start=self.body_start[rows],
             followups=self.followups[rows],
+            values=None if self.values is None else [self.values[i] for i in rows],
         )
 
     @classmethod
-    def of(cls, tokenizer: TelemetryTokenizer, windows: Sequence[LabeledWindow]) -> EncodedWindows:
-        ids = tokenizer.encode_many([w.window for w in windows])
+    def of(
+        cls, tokenizer: TelemetryTokenizer, windows: Sequence[LabeledWindow], *, values: bool = False
+    ) -> EncodedWindows:
+        plain = [w.window for w in windows]
+        encoded = tokenizer.encode_with_values(plain) if values else None
+        ids = encoded.ids if encoded is not None else tokenizer.encode_many(plain)
         body_ids = tokenizer.body_start_ids
         return cls(
             ids=ids,
@@ -180,22 +196,27 @@ class EncodedWindows:
             failed=np.array([w.failed for w in windows], dtype=bool),
             body_start=np.array([next((i for i, t in enumerate(s) if t in body_ids), 0) for s in ids], dtype=np.int64),
             followups=np.array([tokenizer.time_to_failure_id(w.hours_to_failure) for w in windows], dtype=np.int64),
+            values=encoded.values if encoded is not None else None,
         )
 
 
 def hide_readings(
     batch: EncodedWindows, missing_ids: np.ndarray, rate: float, rng: np.random.Generator
 ) -> EncodedWindows:
-    """A copy of the batch with each sensor token replaced by its "missing" token with probability ``rate``."""
+    """A copy of the batch with each sensor token replaced by its "missing" token with probability ``rate`` (and its
+    value, if any, by 0, as the tokenizer gives a missing reading)."""
     if rate <= 0:
         return batch
-    hidden = []
-    for ids in batch.ids:
+    hidden, hidden_values = [], []
+    for i, ids in enumerate(batch.ids):
         seq = np.asarray(ids)
         swap = missing_ids[seq]  # (L,) -1 where the token is not a sensor reading
         hit = (swap >= 0) & (rng.random(len(seq)) < rate)
         hidden.append(np.where(hit, swap, seq).tolist())
-    return EncodedWindows(hidden, batch.targets, batch.failed, batch.body_start, batch.followups)
+        if batch.values is not None:
+            hidden_values.append(np.where(hit, np.float32(0.0), batch.values[i]))
+    values = hidden_values if batch.values is not None else None
+    return EncodedWindows(hidden, batch.targets, batch.failed, batch.body_start, batch.followups, values)
 
 
 def auxiliary_targets(batch: EncodedWindows, last_index: np.ndarray, width: int) -> np.ndarray:
@@ -235,14 +256,18 @@ def sequence_loss(
     feed_answer = followup_loss_weight > 0 and max(len(s) for s in batch.ids) < context
     answered = [[*ids, int(t)] for ids, t in zip(batch.ids, batch.targets, strict=True)]
     sequences = answered if feed_answer else batch.ids
-    packed = pack_sequences(sequences, pad_id=pad_id, max_length=context)
+    values = batch.values
+    if values is not None and feed_answer:
+        values = [np.append(v, np.float32(0.0)) for v in values]
+    packed = pack_sequences(sequences, pad_id=pad_id, max_length=context, values=values)
     device = model.device
 
     def tensor(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(device, non_blocking=True)
 
     input_ids = tensor(packed.input_ids)
-    logits = model(input_ids=input_ids, attention_mask=tensor(packed.attention_mask)).logits  # (B, L, V)
+    extra = {} if packed.values is None else {"values": tensor(packed.values)}
+    logits = model(input_ids=input_ids, attention_mask=tensor(packed.attention_mask), **extra).logits  # (B, L, V)
     question = packed.last_index - 1 if feed_answer else packed.last_index  # where each horizon token sits
     rows = torch.arange(len(question), device=device)
     outcome_loss = F.cross_entropy(logits[rows, tensor(question)], tensor(batch.targets))
@@ -262,7 +287,7 @@ def sequence_loss(
 
 def validation_scores(model: PreTrainedModel, tokenizer: TelemetryTokenizer, encoded: EncodedWindows) -> np.ndarray:
     """``risk["failure"]`` of each validation window, read exactly as the edge reads it."""
-    logits = last_logits(model, encoded.ids, tokenizer.pad_id)
+    logits = last_logits(model, encoded.ids, tokenizer.pad_id, values=encoded.values)
     probs = outcome_probabilities(logits, tokenizer.outcome_tokens)
     return 1.0 - probs["ok"]
 
@@ -419,6 +444,7 @@ def model_config_for(tokenizer: TelemetryTokenizer, settings: TrainSettings) -> 
         dropout=settings.dropout,
         pad_token_id=tokenizer.pad_id,
         bos_token_id=tokenizer.bos_id,
+        value_channel=settings.value_channel,
     )
 
 
@@ -457,8 +483,8 @@ def train_on_windows(
 
     tokenizer = TelemetryTokenizer(settings.tokenizer_settings())
     tokenizer.fit([w.window for w in train_windows], outcomes=[w.outcome for w in train_windows])
-    train_encoded = EncodedWindows.of(tokenizer, train_windows)
-    validation_encoded = EncodedWindows.of(tokenizer, validation_windows)
+    train_encoded = EncodedWindows.of(tokenizer, train_windows, values=settings.value_channel)
+    validation_encoded = EncodedWindows.of(tokenizer, validation_windows, values=settings.value_channel)
 
     architecture: ModelConfig | None = None
     if settings.backbone is not None:
@@ -538,6 +564,7 @@ def train_on_windows(
         version or datetime.now(UTC).strftime("%Y%m%d%H%M%S"),
         signing_key,
         calibration_windows=validation_encoded.ids,
+        calibration_values=validation_encoded.values,
         min_agreement=settings.min_int8_agreement,
     )
     return TrainResult(checkpoint, artifact, meta, time.monotonic() - started)
