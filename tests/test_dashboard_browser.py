@@ -20,6 +20,11 @@ import httpx
 import pytest
 from kafka import KafkaProducer
 from selenium import webdriver
+from selenium.common.exceptions import (
+    ElementClickInterceptedException,
+    NoSuchElementException,
+    StaleElementReferenceException,
+)
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -92,6 +97,22 @@ def read(driver: webdriver.Chrome, selector: str, *attributes: str) -> list[list
         selector,
         list(attributes),
     )
+
+
+def click(driver: webdriver.Chrome, what: str, xpath: str) -> None:
+    """Clicks the element an XPath finds, finding it again if the page re-rendered it in between (a live event
+    redraws the page, which leaves a found element stale) or if something still covered it."""
+
+    def attempt() -> bool:
+        try:
+            element = driver.find_element(By.XPATH, xpath)
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
+            element.click()
+        except (StaleElementReferenceException, ElementClickInterceptedException, NoSuchElementException):
+            return False
+        return True
+
+    wait_for(what, attempt)
 
 
 def table_rows(driver: webdriver.Chrome) -> list[tuple[str, float]]:
@@ -176,9 +197,13 @@ def test_the_dashboard_matches_the_api_and_updates_live(
         machine = next(m for m in sim.machines if any(f.machine_id == m for f in sim.failures()))
         browser.get(f"{base}/dashboard/#/machine/{machine}")
         wait_for("the machine page", lambda: browser.execute_script("return document.body.dataset.ready") == "machine")
-        browser.find_element(By.XPATH, "//div[@class='ranges']/button[text()='All']").click()
+        click(browser, "the All range", "//div[@class='ranges']/button[text()='All']")
         wait_for(
-            "all of its history", lambda: browser.execute_script("return document.body.dataset.ready") == "machine"
+            "all of its history",
+            lambda: browser.execute_script(
+                "return document.body.dataset.ready === 'machine'"
+                " && document.querySelector('.ranges button.on')?.textContent === 'All'"
+            ),
         )
         failures = api.get(f"/api/v1/machines/{machine}/failures").json()["items"]
         markers = browser.find_elements(By.CSS_SELECTOR, "#risk-chart [data-marker='failure']")
