@@ -43,8 +43,15 @@ import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
 
-from models.export import FP32_MODEL_FILE, MODEL_FILE, LastTokenLogits, export_artifact, load_checkpoint_model  # noqa: E402
-from models.model import CheckpointMeta, ModelConfig, build_model, save_checkpoint  # noqa: E402
+from models.export import (  # noqa: E402
+    FP32_MODEL_FILE,
+    MODEL_FILE,
+    VALUES_INPUT,
+    LastTokenLogits,
+    export_artifact,
+    load_checkpoint_model,
+)
+from models.model import CheckpointMeta, ModelConfig, build_model, save_checkpoint, takes_values  # noqa: E402
 from models.scoring import Window  # noqa: E402
 from models.signing import generate_keypair  # noqa: E402
 from models.tokenizer import TelemetryTokenizer, TokenizerSettings  # noqa: E402
@@ -158,12 +165,14 @@ def standin_checkpoint(directory: Path, size: str, tokenizer: TelemetryTokenizer
 
 EDGE_RSS_SCRIPT = """
 import json, sys
+import numpy as np
 from models.runtime import LMScorer
 from models.signing import load_public_keys
 args = json.loads(sys.argv[1])
 scorer = LMScorer.load(args["artifact"], load_public_keys(args["keys"]))
 ids = [[(7 * i + k) % args["vocab"] for k in range(args["length"])] for i in range(args["batch"])]
-scorer.score_token_ids(ids)
+values = [np.linspace(-2, 2, args["length"], dtype=np.float32) for _ in ids] if scorer.takes_values else None
+scorer.score_token_ids(ids, values)
 status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
 print(json.dumps({"rss_kb": int(status["VmRSS"].split()[0]), "hwm_kb": int(status["VmHWM"].split()[0]),
                   "torch": "torch" in sys.modules}))
@@ -194,14 +203,19 @@ def quality(checkpoint: Path) -> str:
     return f"PR-AUC {validation['pr_auc']:.3f}, F1 {validation.get('f1', float('nan')):.3f} (validation)"
 
 
-def torch_run(wrapper: torch.nn.Module, ids: np.ndarray) -> Callable[[], object]:
+def torch_run(wrapper: torch.nn.Module, ids: np.ndarray, values: np.ndarray | None) -> Callable[[], object]:
     input_ids = torch.from_numpy(ids)
     last_index = torch.full((len(ids),), ids.shape[1] - 1, dtype=torch.int64)
-    return lambda: wrapper(input_ids, last_index)
+    if values is None:
+        return lambda: wrapper(input_ids, last_index)
+    given = torch.from_numpy(values)
+    return lambda: wrapper(input_ids, last_index, given)
 
 
-def onnx_run(s: ort.InferenceSession, ids: np.ndarray) -> Callable[[], object]:
+def onnx_run(s: ort.InferenceSession, ids: np.ndarray, values: np.ndarray | None) -> Callable[[], object]:
     feeds = {"input_ids": ids, "last_index": np.full(len(ids), ids.shape[1] - 1, dtype=np.int64)}
+    if values is not None:
+        feeds[VALUES_INPUT] = values
     return lambda: s.run(None, feeds)
 
 
@@ -223,9 +237,15 @@ def bench_model(
     for length in lengths:
         single = rng.integers(0, cfg.vocab_size, (1, length), dtype=np.int64)
         many = rng.integers(0, cfg.vocab_size, (batch, length), dtype=np.int64)
-        engines = {"torch fp32": (torch_run(wrapper, single), torch_run(wrapper, many))}
+        # A model with a value channel reads a value beside every id: the same sizes, so the same work per window.
+        one_v, many_v = (
+            (rng.normal(0, 2, single.shape).astype(np.float32), rng.normal(0, 2, many.shape).astype(np.float32))
+            if takes_values(model)
+            else (None, None)
+        )
+        engines = {"torch fp32": (torch_run(wrapper, single, one_v), torch_run(wrapper, many, many_v))}
         for engine, s in sessions.items():
-            engines[engine] = (onnx_run(s, single), onnx_run(s, many))
+            engines[engine] = (onnx_run(s, single, one_v), onnx_run(s, many, many_v))
         for engine, (one, batched) in engines.items():
             with torch.inference_mode():
                 p50, p99, cpu_p50 = latency_ms(one, repeats)

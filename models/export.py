@@ -79,7 +79,8 @@ class ParityReport:
 
 
 class LastTokenLogits(nn.Module):
-    """Wrap a causal LM so it returns only the logits at each row's last real token: ``(B, T), (B,) -> (B, V)``.
+    """Wrap a causal LM so it returns only the logits at each row's last real token: ``(B, T), (B,) -> (B, V)``;
+    a model with a value channel takes ``values (B, T)`` as well.
 
     No attention mask is needed: a causal model never attends to the right, so the padding after a row's last real
     token cannot change what that token sees.
@@ -94,17 +95,24 @@ class LastTokenLogits(nn.Module):
         self.split = base is not None and base is not model and head is not None
         self.head = head if self.split else None
 
-    def forward(self, input_ids: torch.Tensor, last_index: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, last_index: torch.Tensor, values: torch.Tensor | None = None
+    ) -> torch.Tensor:
         last = last_index
+        if values is not None and not takes_values(self.model):
+            raise ValueError("values given to a model without a value channel")
         if self.split:
             # An all-ones mask: without one, transformers probes position ids for packed sequences (aten::diff, which
             # ONNX lacks); right padding needs no real mask.
             ones = torch.ones_like(input_ids)
-            hidden = self.model.base_model(input_ids=input_ids, attention_mask=ones, use_cache=False).last_hidden_state
+            inputs: dict[str, torch.Tensor] = (
+                {"input_ids": input_ids} if values is None else {"inputs_embeds": self.model.embed(input_ids, values)}
+            )
+            hidden = self.model.base_model(**inputs, attention_mask=ones, use_cache=False).last_hidden_state
             # hidden: (B, T, C)
             index = last.view(-1, 1, 1).expand(-1, 1, hidden.shape[-1])  # (B, 1, C)
             return self.head(hidden.gather(1, index).squeeze(1))  # (B, V)
-        out = self.model(input_ids)
+        out = self.model(input_ids) if values is None else self.model(input_ids, values=values)
         logits = out.logits if hasattr(out, "logits") else out[0]  # (B, T, V)
         index = last.view(-1, 1, 1).expand(-1, 1, logits.shape[-1])
         return logits.gather(1, index).squeeze(1)  # (B, V)

@@ -81,12 +81,16 @@ class ValueGPT2LMHeadModel(GPT2LMHeadModel):
         self.value_embedding = torch.nn.Embedding(config.vocab_size, config.n_embd)
         torch.nn.init.normal_(self.value_embedding.weight, std=config.initializer_range)
 
+    def embed(self, input_ids: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """The input embeddings ``(B, L, C)`` of ids ``(B, L)`` with their values ``(B, L)``."""
+        wte = self.transformer.wte(input_ids)
+        return wte + self.value_embedding(input_ids) * values.unsqueeze(-1).to(wte.dtype)
+
     def forward(  # type: ignore[override]
         self, input_ids: torch.Tensor | None = None, values: torch.Tensor | None = None, **kwargs: Any
     ) -> Any:
         if values is not None and input_ids is not None:
-            wte = self.transformer.wte(input_ids)
-            kwargs["inputs_embeds"] = wte + self.value_embedding(input_ids) * values.unsqueeze(-1).to(wte.dtype)
+            kwargs["inputs_embeds"] = self.embed(input_ids, values)
             input_ids = None
         return super().forward(input_ids=input_ids, **kwargs)
 

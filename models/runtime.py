@@ -115,6 +115,11 @@ class LMScorer:
         scorer.warm_up()
         return scorer
 
+    @property
+    def takes_values(self) -> bool:
+        """Whether the model reads a value beside each token id (a value channel)."""
+        return self._values is not None
+
     def warm_up(self) -> None:
         """One inference, so the first real window does not pay for ONNX Runtime's lazy set-up."""
         length = min(8, self.context_length)

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from models.dataset import Fleet, LabeledWindow, WindowSpec, build_windows
 from models.evaluate import average_precision
-from models.export import VALUES_INPUT
+from models.export import VALUES_INPUT, LastTokenLogits
 from models.model import (
     ModelConfig,
     TorchScorer,
@@ -101,6 +101,20 @@ def test_a_model_with_a_value_channel_reads_values_and_reloads_as_itself(tmp_pat
     assert isinstance(again, ValueGPT2LMHeadModel)
     with torch.no_grad():
         assert torch.equal(again(input_ids=ids, values=values).logits, valued)
+
+
+def test_the_last_token_wrapper_reads_values_too() -> None:
+    model = build_model(ModelConfig(vocab_size=40, n_embd=16, n_layer=1, n_head=2, value_channel=True)).eval()
+    ids = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(0))
+    values = torch.randn(2, 9, generator=torch.Generator().manual_seed(1))
+    last = torch.tensor([8, 5])
+    with torch.no_grad():
+        full = model(input_ids=ids, values=values).logits[torch.arange(2), last]
+        wrapped = LastTokenLogits(model).eval()(ids, last, values)
+        plain = LastTokenLogits(build_model(ModelConfig(vocab_size=40, n_embd=16, n_layer=1, n_head=2))).eval()
+    assert torch.allclose(wrapped, full, atol=1e-5)
+    with pytest.raises(ValueError, match="without a value channel"):
+        plain(ids, last, values)
 
 
 def test_hidden_readings_lose_their_value_too(tokenizer: TelemetryTokenizer, labeled: list[LabeledWindow]) -> None:
