@@ -174,6 +174,8 @@ def run_demo(*, machines: int = 40, days: float = 14.0, seed: int = 7, model: st
     show(rows, title="Machines most at risk")
     _done(t, f"try: precursor query at-risk --store {store}")
     typer.secho(f"\nDemo finished in {time.monotonic() - began:.0f} s.", bold=True)
+    # The broker stays up on purpose: the next demo run and the queries above reuse it.
+    typer.echo(f"The local Kafka broker keeps running at {kafka.bootstrap_servers}; `precursor kafka down` stops it.")
 
 
 def _train_signed_lm(home: Path, history: list[FleetFiles]) -> dict[str, object]:
