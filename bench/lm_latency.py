@@ -206,9 +206,7 @@ def quality(checkpoint: Path) -> str:
 def torch_run(wrapper: torch.nn.Module, ids: np.ndarray, values: np.ndarray | None) -> Callable[[], object]:
     input_ids = torch.from_numpy(ids)
     last_index = torch.full((len(ids),), ids.shape[1] - 1, dtype=torch.int64)
-    if values is None:
-        return lambda: wrapper(input_ids, last_index)
-    given = torch.from_numpy(values)
+    given = None if values is None else torch.from_numpy(values)
     return lambda: wrapper(input_ids, last_index, given)
 
 

@@ -123,7 +123,7 @@ class LMScorer:
     def warm_up(self) -> None:
         """One inference, so the first real window does not pay for ONNX Runtime's lazy set-up."""
         length = min(8, self.context_length)
-        self.score_token_ids([[0] * length], None if self._values is None else [np.zeros(length, np.float32)])
+        self.score_token_ids([[0] * length], [np.zeros(length, np.float32)] if self.takes_values else None)
 
     def score(self, window: Window) -> Risk:
         return self.score_many([window])[0]
@@ -144,8 +144,8 @@ class LMScorer:
         sequences longer than the context keep their end."""
         if not sequences:
             return []
-        if (values is None) != (self._values is None):
-            wanted = "needs" if self._values is not None else "takes no"
+        if (values is None) == self.takes_values:
+            wanted = "needs" if self.takes_values else "takes no"
             raise ValueError(f"this model {wanted} values beside the token ids")
         order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
         risks: list[Risk | None] = [None] * len(sequences)
