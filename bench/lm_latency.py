@@ -52,6 +52,7 @@ from models.export import (  # noqa: E402
     load_checkpoint_model,
 )
 from models.model import CheckpointMeta, ModelConfig, build_model, save_checkpoint, takes_values  # noqa: E402
+from models.runtime import DEFAULT_MAX_BATCH  # noqa: E402
 from models.scoring import Window  # noqa: E402
 from models.signing import generate_keypair  # noqa: E402
 from models.tokenizer import TelemetryTokenizer, TokenizerSettings  # noqa: E402
@@ -322,7 +323,9 @@ def main(argv: list[str] | None = None) -> None:
         help="stand-in sizes, comma-separated (default: small,medium,large without --checkpoint)",
     )
     parser.add_argument("--lengths", default="64,128,256")
-    parser.add_argument("--batch", type=int, default=8, help="windows per batch (the runtime's default)")
+    parser.add_argument(
+        "--batch", type=int, default=DEFAULT_MAX_BATCH, help="windows per batch (default: the runtime's largest batch)"
+    )
     parser.add_argument("--repeats", type=int, default=200, help="single-window runs per latency figure")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
