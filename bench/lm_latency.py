@@ -58,7 +58,7 @@ from models.signing import generate_keypair  # noqa: E402
 from models.tokenizer import TelemetryTokenizer, TokenizerSettings  # noqa: E402
 
 SIZES = {
-    "small": {"n_embd": 64, "n_layer": 2, "n_head": 4},  # the default (models.model.ModelConfig)
+    "small": {"n_embd": 64, "n_layer": 2, "n_head": 2},  # the default (models.model.ModelConfig)
     "medium": {"n_embd": 96, "n_layer": 3, "n_head": 4},
     "large": {"n_embd": 128, "n_layer": 4, "n_head": 4},
 }

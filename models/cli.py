@@ -94,7 +94,7 @@ def train_command(
     max_steps: Annotated[int, typer.Option(min=1, help="Most optimisation steps.")] = 600,
     n_layer: Annotated[int, typer.Option(min=1, help="Transformer layers.")] = 2,
     n_embd: Annotated[int, typer.Option(min=8, help="Model width.")] = 64,
-    n_head: Annotated[int, typer.Option(min=1, help="Attention heads.")] = 4,
+    n_head: Annotated[int, typer.Option(min=1, help="Attention heads.")] = 2,
     backbone: Annotated[
         Path | None, typer.Option(help="A local Hugging Face causal-LM checkpoint folder to fine-tune instead.")
     ] = None,

@@ -96,7 +96,7 @@ class TrainSettings(BaseModel):
     # model
     n_layer: Annotated[int, Field(ge=1)] = 2  # the defaults are ModelConfig's (see there for why)
     n_embd: Annotated[int, Field(ge=8)] = 64
-    n_head: Annotated[int, Field(ge=1)] = 4
+    n_head: Annotated[int, Field(ge=1)] = 2
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
     backbone: Path | None = None
     # optimisation
