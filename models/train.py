@@ -94,10 +94,11 @@ class TrainSettings(BaseModel):
     max_length: Annotated[int, Field(ge=8, le=8192)] = 256
     event_lookback_h: Annotated[float, Field(ge=0)] = 72.0
     # model
-    n_layer: Annotated[int, Field(ge=1)] = 2  # the defaults are ModelConfig's (see there for why)
-    n_embd: Annotated[int, Field(ge=8)] = 64
-    n_head: Annotated[int, Field(ge=1)] = 2
-    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    # The defaults are ModelConfig's (see there for why), read from it so the two cannot drift apart.
+    n_layer: Annotated[int, Field(ge=1)] = ModelConfig.n_layer
+    n_embd: Annotated[int, Field(ge=8)] = ModelConfig.n_embd
+    n_head: Annotated[int, Field(ge=1)] = ModelConfig.n_head
+    dropout: Annotated[float, Field(ge=0, lt=1)] = ModelConfig.dropout
     backbone: Path | None = None
     # optimisation
     seed: int = 0

@@ -52,9 +52,6 @@ DEMO_TRAINING = TrainSettings(
     # The history is another stretch of simulated time (another seed), so each machine's own scaling would not carry
     # over: scale by the fleet's figures.
     scaling="fleet",
-    n_embd=64,
-    n_layer=2,
-    n_head=2,
     max_steps=250,
     eval_every=50,
     max_minutes=10.0,  # the step count, not the clock, ends training: the same model on a busy machine
