@@ -188,7 +188,7 @@ def varied_windows() -> list[Window]:
 )
 def test_encode_gives_the_ids_of_the_plain_text_path(settings: TokenizerSettings, tmp_path) -> None:
     tokenizer = TelemetryTokenizer(settings)
-    tokenizer.fit(training_windows(), ["ok", "failure", "bearing"])
+    tokenizer.fit(training_windows(), ["ok", "failure", "bearing"], attribute_min_machines=2)
     tokenizer.save(tmp_path)
     loaded = TelemetryTokenizer.load(tmp_path)
     for window in varied_windows():
@@ -209,7 +209,7 @@ def test_encode_gives_the_ids_of_the_plain_text_path(settings: TokenizerSettings
 )
 def test_encode_many_gives_the_ids_of_encode_one_window_at_a_time(settings: TokenizerSettings) -> None:
     tokenizer = TelemetryTokenizer(settings)
-    tokenizer.fit(training_windows(), ["ok", "failure", "bearing"])
+    tokenizer.fit(training_windows(), ["ok", "failure", "bearing"], attribute_min_machines=2)
     rng = np.random.default_rng(3)
     # Evenly sampled windows of a few lengths (each length a batch of its own), mixed with the varied ones (gaps,
     # irregular and empty windows go one at a time), in a shuffled order.

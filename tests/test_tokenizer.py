@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -70,7 +71,7 @@ def training_windows() -> list[Window]:
 @pytest.fixture(scope="module")
 def fitted() -> TelemetryTokenizer:
     tokenizer = TelemetryTokenizer(TokenizerSettings(horizon_h=24, window_h=12, max_length=128, min_machine_rows=10))
-    tokenizer.fit(training_windows(), ["ok", "failure", "bearing"])
+    tokenizer.fit(training_windows(), ["ok", "failure", "bearing"], attribute_min_machines=2)
     return tokenizer
 
 
@@ -182,7 +183,7 @@ def test_machines_are_scaled_by_their_own_training_data(fitted: TelemetryTokeniz
 def test_events_are_trimmed_oldest_first_to_fit_max_length() -> None:
     settings = TokenizerSettings(horizon_h=24, window_h=12, max_length=25, blocks=3, window_stats=())
     tokenizer = TelemetryTokenizer(settings)
-    tokenizer.fit(training_windows(), ["ok"])
+    tokenizer.fit(training_windows(), ["ok"], attribute_min_machines=2)
     assert tokenizer.fixed_length == 18  # bos, model, bearing age, lastfail, tod, 3 x (block + 3 sensors), horizon
     busy = make_window("m-1", events=[(h / 4, "error:E7") for h in range(1, 40)] + [(0.1, "anomaly")])
     tokens = tokenizer.tokens(busy)
@@ -191,6 +192,39 @@ def test_events_are_trimmed_oldest_first_to_fit_max_length() -> None:
     # the newest events survive: the last block keeps its 4 (ending with the anomaly), the one before it 3
     assert tokens[-5:-1] == ["ev:error:E7", "ev:error:E7", "ev:error:E7", "ev:anomaly"]
     assert tokens.count("ev:error:E7") == 6
+
+
+def test_attribute_tokens_never_single_out_a_machine() -> None:
+    # 12 machines: two models and two sites, six of each, crossed; install years all different; a serial number.
+    windows = [
+        make_window(
+            f"m-{m}",
+            seed=m * 10 + k,
+            end=END - timedelta(hours=k),
+            attributes={
+                "model": "AB"[m % 2],
+                "site": ("north", "south")[m // 6],
+                "install_year": str(2010 + (m * 5) % 12),
+                "serial": f"SN-{m}",
+            },
+        )
+        for m in range(12)
+        for k in range(3)
+    ]
+
+    def kept(k: int) -> list[str]:
+        tokenizer = TelemetryTokenizer(TokenizerSettings(horizon_h=24, window_h=12, min_machine_rows=5))
+        tokenizer.fit(windows, ["ok"], attribute_min_machines=k)
+        groups = Counter(tuple(t for t in tokenizer.tokens(w) if t.startswith("attr:")) for w in windows[::3])
+        assert min(groups.values()) >= k  # every combination the model can see covers k machines
+        return [a.key for a in tokenizer.state.attributes]
+
+    assert kept(5) == ["model"]  # model x site would leave groups of 3
+    assert kept(3) == ["model", "site"]  # model x site x year bin would leave single machines
+    assert kept(2) == ["model", "site"]
+    assert kept(1) == ["install_year", "model", "serial", "site"]  # no rule: serial names each machine
+    with pytest.raises(TokenizerError, match="attribute_min_machines"):
+        kept(0)
 
 
 def test_fit_refuses_a_layout_longer_than_max_length() -> None:
