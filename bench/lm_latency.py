@@ -58,7 +58,8 @@ from models.signing import generate_keypair  # noqa: E402
 from models.tokenizer import TelemetryTokenizer, TokenizerSettings  # noqa: E402
 
 SIZES = {
-    "small": {"n_embd": 64, "n_layer": 2, "n_head": 2},  # the default (models.model.ModelConfig)
+    # the default, read from ModelConfig so this stand-in cannot drift from it
+    "small": {"n_embd": ModelConfig.n_embd, "n_layer": ModelConfig.n_layer, "n_head": ModelConfig.n_head},
     "medium": {"n_embd": 96, "n_layer": 3, "n_head": 4},
     "large": {"n_embd": 128, "n_layer": 4, "n_head": 4},
 }
