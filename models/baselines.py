@@ -98,7 +98,7 @@ class ZScoreRule:
             self._std = np.nanstd(latest, axis=0)
 
     def _latest(self, window: Window) -> np.ndarray:
-        values = self.spec.scaling.apply(window)
+        values = self.spec.scaled(window)
         stats = block_statistics(
             values,
             window.timestamps,
@@ -134,6 +134,7 @@ def baseline_features(windows: Sequence[Window], tokenizer: Mapping[str, Any]) -
         per_machine=tokenizer.get("scaling", "machine") == "machine",
         daily_profile=bool(tokenizer.get("daily_profile", False)),
         residual=bool(tokenizer.get("residual", False)),
+        restart_at_failure=bool(tokenizer.get("restart_at_failure", False)),
     )
 
 

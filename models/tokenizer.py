@@ -14,7 +14,9 @@ The sequence, oldest to newest::
   a machine training never saw), then each statistic is cut into quantile bins fitted on training windows only
   (class-balanced when the windows' labels are given: half the bins where failed windows lie).
   ``s2:mean_`` says "no reading in this block": missing values are tokens, not errors. Sensors a window has but
-  training did not are ignored; sensors constant in training carry no information and get no tokens.
+  training did not are ignored; sensors constant in training carry no information and get no tokens. With
+  ``restart_at_failure``, the statistics read only the rows after the window's latest failure: a repaired machine is
+  not the one that failed, and its window should not look like the failing one's.
 - Context tokens: static attributes (categorical values, or quantile bins for numeric ones; attributes constant in
   training are dropped, and so is any that would let the attribute tokens together single out fewer than
   ``ATTRIBUTE_MIN_MACHINES`` training machines), hours since the last maintenance of each part and since the last
@@ -54,6 +56,7 @@ from models.features import (
     HOUR_S,
     SensorScaling,
     WindowContext,
+    blank_before_failure,
     block_statistics,
     even_block_statistics,
     evenly_filled,
@@ -69,6 +72,7 @@ CONFIG_FILE = "tokenizer_config.json"
 CONFIG_KEY = "precursor_telemetry"
 FORMAT = "precursor-telemetry-tokenizer/1"
 
+SETTINGS_WRITTEN_WHEN_ON = ("restart_at_failure",)
 PAD, UNK, BOS, TREND = "<pad>", "<unk>", "<bos>", "<trend>"
 AGE_EDGES_H = (1.0, 3.0, 6.0, 12.0, 24.0, 48.0, 96.0, 168.0, 336.0, 720.0, 1440.0, 2880.0, 4320.0, 8760.0)
 """Bins for "hours since": fixed and log-spaced, from an hour to a year (15 bins)."""
@@ -107,6 +111,9 @@ class TokenizerSettings(BaseModel):
     scaling: Literal["machine", "fleet"] = "machine"
     daily_profile: bool = False
     residual: bool = False
+    # Statistics see only the rows after the window's latest failure (models.features.blank_before_failure). Off
+    # here so that tokenizers saved before the setting load as they were; training turns it on.
+    restart_at_failure: bool = False
     max_length: Annotated[int, Field(ge=8, le=8192)] = 256
     event_lookback_h: Annotated[float, Field(ge=0)] = 72.0
     max_recent_errors: Annotated[int, Field(ge=0, le=64)] = 4
@@ -267,7 +274,7 @@ class TelemetryTokenizer:
     def _statistics(self, window: Window, scaling: SensorScaling) -> dict[str, np.ndarray]:
         """Statistic key -> ``(n, S)``: block statistics as ``mean`` etc. (n = blocks), window ones as ``wmean``."""
         s = self.settings
-        values = scaling.apply(window)
+        values = self._scaled(window, scaling)
         end_s = int(window.end.timestamp())
         window_s = s.window_h * HOUR_S
         out: dict[str, np.ndarray] = {}
@@ -282,6 +289,10 @@ class TelemetryTokenizer:
             )
             out.update({f"w{stat}": whole[stat] for stat in s.window_stats})
         return out
+
+    def _scaled(self, window: Window, scaling: SensorScaling) -> np.ndarray:
+        values = scaling.apply(window)
+        return blank_before_failure(values, window) if self.settings.restart_at_failure else values
 
     # --- vocabulary -----------------------------------------------------------------------------------------------
 
@@ -501,7 +512,7 @@ class TelemetryTokenizer:
             rows = window_rows(window.timestamps, end_s, window_s)
             t_all = window.timestamps[rows].astype(np.float64)
             if len(t_all) and evenly_filled(t_all, end_s=end_s, window_s=window_s, blocks=s.blocks):
-                values = state.scaling.apply(window)[rows]
+                values = self._scaled(window, state.scaling)[rows]
                 groups.setdefault(len(t_all), []).append((i, values, t_all / HOUR_S))
             else:
                 stats = self._statistics(window, state.scaling)
@@ -716,7 +727,7 @@ class TelemetryTokenizer:
             "truncation_side": "left",
             CONFIG_KEY: {
                 "format": FORMAT,
-                "settings": self.settings.model_dump(mode="json"),
+                "settings": self._settings_json(),
                 "scaling": state.scaling.to_json(),
                 "edges": {k: [list(e) for e in v] for k, v in sorted(state.edges.items())},
                 "failure_kinds": list(state.failure_kinds),
@@ -728,6 +739,15 @@ class TelemetryTokenizer:
                 "error_codes": list(state.error_codes),
             },
         }
+
+    def _settings_json(self) -> dict[str, Any]:
+        settings = self.settings.model_dump(mode="json")
+        for name in SETTINGS_WRITTEN_WHEN_ON:
+            if not settings[name]:
+                # Settings added since FORMAT was fixed are written only when on: a tokenizer saved before them
+                # then keeps its bytes and its content hash.
+                del settings[name]
+        return settings
 
     @property
     def content_hash(self) -> str:

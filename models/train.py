@@ -91,6 +91,9 @@ class TrainSettings(BaseModel):
     # Each sensor as what the others do not explain (models.features.SensorScaling): for fleets whose sensors all
     # follow a varying operating point.
     residual: bool = False
+    # Statistics start again after a failure inside the window: the repaired machine is measured apart from the one
+    # that failed (models.features.blank_before_failure).
+    restart_at_failure: bool = True
     max_length: Annotated[int, Field(ge=8, le=8192)] = 256
     event_lookback_h: Annotated[float, Field(ge=0)] = 72.0
     # model
@@ -148,6 +151,7 @@ class TrainSettings(BaseModel):
             scaling=self.scaling,
             daily_profile=self.daily_profile,
             residual=self.residual,
+            restart_at_failure=self.restart_at_failure,
             max_length=self.max_length,
             event_lookback_h=self.event_lookback_h,
         )

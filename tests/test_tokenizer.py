@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -12,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from contracts.messages import Event
-from models.features import SensorScaling
+from models.features import FeatureSpec, SensorScaling, feature_vector
 from models.outcome import outcome_token, pack_sequences, risk_from_logits, risks_from_logits
 from models.scoring import Window
 from models.tokenizer import TelemetryTokenizer, TokenizerError, TokenizerSettings
@@ -377,3 +378,42 @@ def test_residual_scaling_survives_save_and_load_and_a_missing_sensor(tmp_path) 
     assert SensorScaling.from_json(scaling).residual is not None
     with pytest.raises(ValueError, match="residual must be a finite 3x3 matrix"):
         SensorScaling.from_json({**scaling, "residual": [[0.0, 1.0]]})
+
+
+def test_statistics_restart_at_a_failure_inside_the_window(tmp_path) -> None:
+    settings = TokenizerSettings(horizon_h=24, window_h=12, max_length=128, min_machine_rows=10)
+    plain = TelemetryTokenizer(settings)
+    plain.fit(training_windows(), attribute_min_machines=2)
+    restarting = TelemetryTokenizer(settings.model_copy(update={"restart_at_failure": True}))
+    restarting.fit(training_windows(), attribute_min_machines=2)
+    # Four blocks of 3 h; the failure 6.5 h before the end leaves the readings of the last 6 hours (blocks 2 and 3).
+    straddling = make_window("m-1", seed=5, level=4.0, events=[(6.5, "failure:bearing"), (8.0, "error:E7")])
+    tokens = restarting.tokens(straddling)
+    assert tokens.count("pressure:mean_") == tokens.count("vib:mean_") == 2
+    assert plain.tokens(straddling).count("pressure:mean_") == 0
+    assert "ev:failure:?" in tokens and "ev:error:E7" in tokens  # the events themselves stay
+    # Restarting reads the window as if the readings before the failure were never sent.
+    unsent = straddling.values.copy()
+    unsent[:6] = np.nan
+    as_unsent = dataclasses.replace(straddling, values=unsent)
+    assert restarting.encode(straddling) == plain.encode(as_unsent) == restarting.encode_many([straddling])[0]
+    # No failure inside the window (one after its end is not known yet): nothing changes.
+    later = make_window("m-1", seed=5, events=[(-1.0, "failure:bearing"), (8.0, "error:E7")])
+    assert restarting.encode(later) == plain.encode(later)
+
+    spec = FeatureSpec.from_training(training_windows(), window_h=12, restart_at_failure=True)
+    blanked = feature_vector(straddling, spec)
+    np.testing.assert_array_equal(blanked, feature_vector(as_unsent, spec))
+    assert not np.array_equal(blanked, feature_vector(straddling, dataclasses.replace(spec, restart_at_failure=False)))
+
+    # Saved only when on, so that tokenizers saved before the setting existed keep their content hash.
+    plain.save(tmp_path / "plain")
+    restarting.save(tmp_path / "restarting")
+    saved = {
+        name: json.loads((tmp_path / name / "tokenizer_config.json").read_text())["precursor_telemetry"]["settings"]
+        for name in ("plain", "restarting")
+    }
+    assert "restart_at_failure" not in saved["plain"] and saved["restarting"]["restart_at_failure"] is True
+    loaded = TelemetryTokenizer.load(tmp_path / "restarting")
+    assert loaded.settings.restart_at_failure and loaded.encode(straddling) == restarting.encode(straddling)
+    assert TelemetryTokenizer.load(tmp_path / "plain").content_hash == plain.content_hash != restarting.content_hash
