@@ -5,7 +5,8 @@ The recipe (nanoGPT's habits, as importable functions rather than a script):
 1. Cut labelled windows from the generic files and split them in time (:mod:`models.dataset`): the validation period
    at the end holds several failures; training labels are known before it starts.
 2. Fit the tokenizer on training windows only, encode every window (the sequence ends with the horizon token).
-3. Train with AdamW on next-token losses: the outcome token after the horizon token (``<ok>`` / ``<failure:...>``);
+3. Train with AdamW on next-token losses: the outcome token after the horizon token (``<ok>`` / ``<failure:...>``),
+   as whether a failure comes plus, at a lower weight, which kind;
    then, with the outcome fed in, the token after it: the time to the machine's next failure in buckets of the
    horizon (``<next:B>``, weighted by ``followup_loss_weight``), so the model learns how near a failure is and not
    only which side of the horizon it falls; and, weighted by ``aux_loss_weight``, the window's own tokens after the
@@ -62,7 +63,7 @@ from models.model import (
     model_config_dict,
     save_checkpoint,
 )
-from models.outcome import outcome_probabilities, pack_sequences
+from models.outcome import OK, outcome_probabilities, pack_sequences
 from models.tokenizer import TelemetryTokenizer, TokenizerSettings
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,8 @@ class TrainSettings(BaseModel):
     eval_every: Annotated[int, Field(ge=1)] = 100
     aux_loss_weight: Annotated[float, Field(ge=0)] = 0.5
     followup_loss_weight: Annotated[float, Field(ge=0)] = 0.5
+    # Which kind of failure, against whether one comes (sequence_loss): 1 is plain cross-entropy on the outcome token.
+    kind_loss_weight: Annotated[float, Field(ge=0)] = 0.25
     token_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
     # Bin tokens start on a line through embedding space, in order (models.model.init_ordinal_embeddings). Off by
     # default: on the simulator's fleet it reached its best validation step sooner but lower (0.566 against 0.591).
@@ -252,12 +255,17 @@ def sequence_loss(
     *,
     aux_loss_weight: float,
     followup_loss_weight: float = 0.0,
+    kind_loss_weight: float = 1.0,
+    failure_ids: Sequence[int] = (),
 ) -> Losses:
     """The training loss of one batch; the forward contract is ids + mask -> logits.
 
-    The horizon position predicts the outcome; each body position the next body token (weighted by
-    ``aux_loss_weight``). With ``followup_loss_weight``, the outcome token is fed after the sequence and its position
-    predicts the time-to-failure bucket, when the model's ``context`` has room for it.
+    The horizon position predicts the outcome, as two terms: whether a failure comes (``-log p(ok)``, or ``-log`` of
+    the mass on ``failure_ids``, every failure token), and which kind it is (``-log p(kind | failure)``, failed
+    windows only), weighted by ``kind_loss_weight``. At weight 1 the two add up to the plain cross-entropy on the
+    outcome token. Each body position predicts the next body token (weighted by ``aux_loss_weight``). With
+    ``followup_loss_weight``, the outcome token is fed after the sequence and its position predicts the
+    time-to-failure bucket, when the model's ``context`` has room for it.
     """
     feed_answer = followup_loss_weight > 0 and max(len(s) for s in batch.ids) < context
     answered = [[*ids, int(t)] for ids, t in zip(batch.ids, batch.targets, strict=True)]
@@ -276,7 +284,9 @@ def sequence_loss(
     logits = model(input_ids=input_ids, attention_mask=tensor(packed.attention_mask), **extra).logits  # (B, L, V)
     question = packed.last_index - 1 if feed_answer else packed.last_index  # where each horizon token sits
     rows = torch.arange(len(question), device=device)
-    outcome_loss = F.cross_entropy(logits[rows, tensor(question)], tensor(batch.targets))
+    outcome_loss = outcome_nll(
+        logits[rows, tensor(question)], tensor(batch.targets), tensor(batch.failed), failure_ids, kind_loss_weight
+    )
     total = outcome_loss
     followup_loss = torch.zeros((), device=device)
     if feed_answer:
@@ -289,6 +299,26 @@ def sequence_loss(
         body_loss = F.cross_entropy(logits[:, :-1][wanted], input_ids[:, 1:][wanted])
         total = total + aux_loss_weight * body_loss
     return Losses(total, outcome_loss.item(), followup_loss.item(), body_loss.item())
+
+
+def outcome_nll(
+    logits: torch.Tensor, targets: torch.Tensor, failed: torch.Tensor, failure_ids: Sequence[int], kind_weight: float
+) -> torch.Tensor:
+    """Mean over the batch of ``-log p(failure or not) - kind_weight * log p(kind | failure)``.
+
+    Why split: the alert reads only whether a failure comes (``1 - p(ok)``). Trained on the kind token alone, every
+    failed window whose kind the model mistakes counts against it even where it was sure a failure comes, and the
+    few failures of a fleet are split five ways. ``logits`` ``(B, V)`` at the horizon token; ``targets`` the outcome
+    token ids; ``failed`` which windows failed.
+    """
+    log_p = F.log_softmax(logits.float(), dim=-1)
+    target = log_p.gather(1, targets[:, None])[:, 0]
+    if not failure_ids:
+        return -target.mean()
+    failure = torch.logsumexp(log_p[:, list(failure_ids)], dim=-1)
+    whether = torch.where(failed, failure, target)
+    which = torch.where(failed, target - failure, torch.zeros_like(target))
+    return -(whether + kind_weight * which).mean()
 
 
 def validation_scores(model: PreTrainedModel, tokenizer: TelemetryTokenizer, encoded: EncodedWindows) -> np.ndarray:
@@ -320,6 +350,7 @@ def fit_model(
     rng = np.random.default_rng(settings.seed)
     model.to(training_device(settings.device))
     context = context_length(model)
+    failure_ids = [i for kind, i in tokenizer.outcome_tokens.items() if kind != OK]
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -363,6 +394,8 @@ def fit_model(
             context,
             aux_loss_weight=settings.aux_loss_weight,
             followup_loss_weight=settings.followup_loss_weight,
+            kind_loss_weight=settings.kind_loss_weight,
+            failure_ids=failure_ids,
         )
         optimizer.zero_grad(set_to_none=True)
         losses.total.backward()

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from pydantic import ValidationError
 
 from models.dataset import Fleet, WindowSpec, build_windows, choose_split, split_windows
@@ -31,6 +32,7 @@ from models.train import (
     TrainSettings,
     auxiliary_targets,
     hide_readings,
+    outcome_nll,
     sequence_loss,
     train,
     training_device,
@@ -257,6 +259,28 @@ def test_auxiliary_loss_counts_only_window_tokens(tiny_fleet: dict[str, Path]) -
         model, encoded, tokenizer.pad_id, max(map(len, encoded.ids)), aux_loss_weight=0.0, followup_loss_weight=0.25
     )
     assert no_room.followup == 0.0 and no_room.outcome == pytest.approx(full.outcome, rel=1e-5)
+
+
+def test_outcome_loss_splits_whether_a_failure_comes_from_which_kind() -> None:
+    # Vocabulary: 0 <ok>, 1 <failure:a>, 2 <failure:b>, 3 some other token.
+    logits = torch.tensor([[2.0, 0.5, -1.0, 0.3], [0.1, 1.5, 0.2, -0.4], [0.0, -2.0, 1.0, 0.5]])
+    targets = torch.tensor([0, 1, 1])
+    failed = torch.tensor([False, True, True])
+    plain = F.cross_entropy(logits, targets)
+    assert outcome_nll(logits, targets, failed, [1, 2], 1.0).item() == pytest.approx(plain.item(), rel=1e-6)
+    assert outcome_nll(logits, targets, failed, [], 0.0).item() == pytest.approx(plain.item(), rel=1e-6)
+    # At weight 0 only whether a failure comes counts: moving mass between the kinds changes nothing ...
+    swapped = logits[:, [0, 2, 1, 3]]
+    assert outcome_nll(swapped, targets, failed, [1, 2], 0.0).item() == pytest.approx(
+        outcome_nll(logits, targets, failed, [1, 2], 0.0).item(), rel=1e-6
+    )
+    # ... while the kind term does see it: the third window named the wrong kind, and swapping fixes that.
+    assert outcome_nll(swapped, targets, failed, [1, 2], 0.25) < outcome_nll(logits, targets, failed, [1, 2], 0.25)
+    p = torch.softmax(logits, dim=-1)
+    whether = -torch.log(torch.stack([p[0, 0], p[1, 1] + p[1, 2], p[2, 1] + p[2, 2]]))
+    which = -torch.log(torch.stack([p[1, 1] / (p[1, 1] + p[1, 2]), p[2, 1] / (p[2, 1] + p[2, 2])]))
+    expected = (whether.sum() + 0.25 * which.sum()) / 3
+    assert outcome_nll(logits, targets, failed, [1, 2], 0.25).item() == pytest.approx(expected.item(), rel=1e-6)
 
 
 def test_time_to_failure_buckets_are_fractions_of_the_horizon(tiny_fleet: dict[str, Path]) -> None:
