@@ -93,8 +93,10 @@ class TrainSettings(BaseModel):
     # follow a varying operating point.
     residual: bool = False
     # Statistics start again after a failure inside the window: the repaired machine is measured apart from the one
-    # that failed (models.features.blank_before_failure).
-    restart_at_failure: bool = True
+    # that failed (models.features.blank_before_failure). Opt-in: on the simulator's fleet it narrowed the gap to
+    # gradient boosting (0.014-0.022 against 0.025-0.037) more by what it took from the trees than by what the LM
+    # gained (0.529 and 0.521 against 0.516 and 0.528).
+    restart_at_failure: bool = False
     max_length: Annotated[int, Field(ge=8, le=8192)] = 256
     event_lookback_h: Annotated[float, Field(ge=0)] = 72.0
     # model
@@ -313,10 +315,10 @@ def outcome_nll(
     few failures of a fleet are split five ways. ``logits`` ``(B, V)`` at the horizon token; ``targets`` the outcome
     token ids; ``failed`` which windows failed.
     """
+    if not failure_ids or kind_weight == 1.0:
+        return F.cross_entropy(logits, targets)  # what the two terms add up to, without the round trip
     log_p = F.log_softmax(logits.float(), dim=-1)
     target = log_p.gather(1, targets[:, None])[:, 0]
-    if not failure_ids:
-        return -target.mean()
     failure = torch.logsumexp(log_p[:, list(failure_ids)], dim=-1)
     whether = torch.where(failed, failure, target)
     which = torch.where(failed, target - failure, torch.zeros_like(target))
