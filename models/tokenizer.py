@@ -112,7 +112,7 @@ class TokenizerSettings(BaseModel):
     daily_profile: bool = False
     residual: bool = False
     # Statistics see only the rows after the window's latest failure (models.features.blank_before_failure). Off
-    # here so that tokenizers saved before the setting load as they were; training turns it on.
+    # here so that tokenizers saved before the setting load as they were; TrainSettings.restart_at_failure turns it on.
     restart_at_failure: bool = False
     max_length: Annotated[int, Field(ge=8, le=8192)] = 256
     event_lookback_h: Annotated[float, Field(ge=0)] = 72.0
