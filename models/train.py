@@ -119,8 +119,8 @@ class TrainSettings(BaseModel):
     followup_loss_weight: Annotated[float, Field(ge=0)] = 0.5
     # Which kind of failure, against whether one comes (sequence_loss): 1 is plain cross-entropy on the outcome token.
     # On the simulator's fleet 0.25 raised validation PR-AUC (0.580-0.591 against 0.560-0.569) but not test PR-AUC
-    # (0.519-0.528 against 0.521-0.529), so the default stays 1. At 0, with restart_at_failure, it beat gradient
-    # boosting there (0.557 against 0.543, one seed), but per-kind risks are then untrained: for alert-only fleets.
+    # (0.519-0.528 against 0.521-0.529), so the default stays 1. At 0, with restart_at_failure, it drew level with
+    # gradient boosting there (0.557 and 0.530 against 0.543), but per-kind risks are then untrained.
     kind_loss_weight: Annotated[float, Field(ge=0)] = 1.0
     token_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
     # Bin tokens start on a line through embedding space, in order (models.model.init_ordinal_embeddings). Off by
