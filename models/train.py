@@ -119,8 +119,8 @@ class TrainSettings(BaseModel):
     followup_loss_weight: Annotated[float, Field(ge=0)] = 0.5
     # Which kind of failure, against whether one comes (sequence_loss): 1 is plain cross-entropy on the outcome token.
     # On the simulator's fleet 0.25 raised validation PR-AUC (0.580-0.591 against 0.560-0.569) but not test PR-AUC
-    # (0.519-0.528 against 0.521-0.529), so the default stays 1. At 0, with restart_at_failure, it drew level with
-    # gradient boosting there (0.557 and 0.530 against 0.543), but per-kind risks are then untrained.
+    # (0.519-0.528 against 0.521-0.529), so the default stays 1. At 0, with restart_at_failure, one seed of four beat
+    # gradient boosting there (0.557, 0.530, 0.515, 0.531 against 0.543), and per-kind risks are then untrained.
     kind_loss_weight: Annotated[float, Field(ge=0)] = 1.0
     # The "which kind" term trains the output layer only, not the transformer below it: the kinds stay a trained
     # reading of what the model sees, and the few failures of each kind no longer pull the representation their way.
