@@ -122,9 +122,6 @@ class TrainSettings(BaseModel):
     # (0.519-0.528 against 0.521-0.529), so the default stays 1. At 0, with restart_at_failure, one seed of four beat
     # gradient boosting there (0.557, 0.530, 0.515, 0.531 against 0.543), and per-kind risks are then untrained.
     kind_loss_weight: Annotated[float, Field(ge=0)] = 1.0
-    # The "which kind" term trains the output layer only, not the transformer below it: the kinds stay a trained
-    # reading of what the model sees, and the few failures of each kind no longer pull the representation their way.
-    kind_head_only: bool = False
     token_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
     # Bin tokens start on a line through embedding space, in order (models.model.init_ordinal_embeddings). Off by
     # default: on the simulator's fleet it reached its best validation step sooner but lower (0.566 against 0.591).
@@ -265,7 +262,6 @@ def sequence_loss(
     followup_loss_weight: float = 0.0,
     kind_loss_weight: float = 1.0,
     failure_ids: Sequence[int] = (),
-    kind_head_only: bool = False,
 ) -> Losses:
     """The training loss of one batch; the forward contract is ids + mask -> logits.
 
@@ -274,8 +270,7 @@ def sequence_loss(
     windows only), weighted by ``kind_loss_weight``. At weight 1 the two add up to the plain cross-entropy on the
     outcome token. Each body position predicts the next body token (weighted by ``aux_loss_weight``). With
     ``followup_loss_weight``, the outcome token is fed after the sequence and its position predicts the
-    time-to-failure bucket, when the model's ``context`` has room for it. With ``kind_head_only`` the kind term reads
-    the horizon's final hidden state detached, through the output layer: it trains that layer only.
+    time-to-failure bucket, when the model's ``context`` has room for it.
     """
     feed_answer = followup_loss_weight > 0 and max(len(s) for s in batch.ids) < context
     answered = [[*ids, int(t)] for ids, t in zip(batch.ids, batch.targets, strict=True)]
@@ -291,25 +286,11 @@ def sequence_loss(
 
     input_ids = tensor(packed.input_ids)
     extra = {} if packed.values is None else {"values": tensor(packed.values)}
-    head_only = kind_head_only and bool(failure_ids) and kind_loss_weight > 0
-    output = model(
-        input_ids=input_ids, attention_mask=tensor(packed.attention_mask), output_hidden_states=head_only, **extra
-    )
-    logits = output.logits  # (B, L, V)
+    logits = model(input_ids=input_ids, attention_mask=tensor(packed.attention_mask), **extra).logits  # (B, L, V)
     question = packed.last_index - 1 if feed_answer else packed.last_index  # where each horizon token sits
-    at = tensor(question)
     rows = torch.arange(len(question), device=device)
-    kind_logits = None
-    if head_only:
-        hidden = output.hidden_states[-1][rows, at]  # after the final layer norm, as the output layer reads it
-        kind_logits = model.get_output_embeddings()(hidden.detach())
     outcome_loss = outcome_nll(
-        logits[rows, at],
-        tensor(batch.targets),
-        tensor(batch.failed),
-        failure_ids,
-        kind_loss_weight,
-        kind_logits=kind_logits,
+        logits[rows, tensor(question)], tensor(batch.targets), tensor(batch.failed), failure_ids, kind_loss_weight
     )
     total = outcome_loss
     followup_loss = torch.zeros((), device=device)
@@ -326,34 +307,21 @@ def sequence_loss(
 
 
 def outcome_nll(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    failed: torch.Tensor,
-    failure_ids: Sequence[int],
-    kind_weight: float,
-    *,
-    kind_logits: torch.Tensor | None = None,
+    logits: torch.Tensor, targets: torch.Tensor, failed: torch.Tensor, failure_ids: Sequence[int], kind_weight: float
 ) -> torch.Tensor:
     """Mean over the batch of ``-log p(failure or not) - kind_weight * log p(kind | failure)``.
 
     Why split: the alert reads only whether a failure comes (``1 - p(ok)``). Trained on the kind token alone, every
     failed window whose kind the model mistakes counts against it even where it was sure a failure comes, and the
     few failures of a fleet are split five ways. ``logits`` ``(B, V)`` at the horizon token; ``targets`` the outcome
-    token ids; ``failed`` which windows failed. ``kind_logits``, when given, are what the kind term reads instead of
-    ``logits`` (the same output layer over a detached hidden state).
+    token ids; ``failed`` which windows failed.
     """
-    if not failure_ids or (kind_weight == 1.0 and kind_logits is None):
+    if not failure_ids or kind_weight == 1.0:
         return F.cross_entropy(logits, targets)  # what the two terms add up to, without the round trip
-    failure_ids = list(failure_ids)
-
-    def target_and_failure(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        log_p = F.log_softmax(raw.float(), dim=-1)
-        return log_p.gather(1, targets[:, None])[:, 0], torch.logsumexp(log_p[:, failure_ids], dim=-1)
-
-    target, failure = target_and_failure(logits)
+    log_p = F.log_softmax(logits.float(), dim=-1)
+    target = log_p.gather(1, targets[:, None])[:, 0]
+    failure = torch.logsumexp(log_p[:, list(failure_ids)], dim=-1)
     whether = torch.where(failed, failure, target)
-    if kind_logits is not None:
-        target, failure = target_and_failure(kind_logits)
     which = torch.where(failed, target - failure, torch.zeros_like(target))
     return -(whether + kind_weight * which).mean()
 
@@ -433,7 +401,6 @@ def fit_model(
             followup_loss_weight=settings.followup_loss_weight,
             kind_loss_weight=settings.kind_loss_weight,
             failure_ids=failure_ids,
-            kind_head_only=settings.kind_head_only,
         )
         optimizer.zero_grad(set_to_none=True)
         losses.total.backward()
