@@ -422,6 +422,13 @@ def blank_before_failure(values: np.ndarray, window: Window) -> np.ndarray:
     return out
 
 
+def statistics_input(window: Window, scaling: SensorScaling, *, restart_at_failure: bool) -> np.ndarray:
+    """The window's values as the statistics read them: scaled, and restarted at a failure if asked. The tokenizer
+    and the baselines both start here, so the LM and its baselines read the same rows."""
+    values = scaling.apply(window)
+    return blank_before_failure(values, window) if restart_at_failure else values
+
+
 def window_statistics(
     values: np.ndarray, timestamps: np.ndarray, *, end_s: int, window_s: float
 ) -> dict[str, np.ndarray]:
@@ -537,9 +544,8 @@ class FeatureSpec:
         )
 
     def scaled(self, window: Window) -> np.ndarray:
-        """The window's values as the statistics read them: scaled, and restarted at a failure if asked."""
-        values = self.scaling.apply(window)
-        return blank_before_failure(values, window) if self.restart_at_failure else values
+        """The window's values as the statistics read them (:func:`statistics_input`)."""
+        return statistics_input(window, self.scaling, restart_at_failure=self.restart_at_failure)
 
     def names(self) -> list[str]:
         names = [f"{s}:w{stat}" for stat in STATISTICS for s in self.scaling.sensors]

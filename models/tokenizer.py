@@ -56,11 +56,11 @@ from models.features import (
     HOUR_S,
     SensorScaling,
     WindowContext,
-    blank_before_failure,
     block_statistics,
     even_block_statistics,
     evenly_filled,
     fit_scaling,
+    statistics_input,
     window_context,
     window_rows,
 )
@@ -291,8 +291,7 @@ class TelemetryTokenizer:
         return out
 
     def _scaled(self, window: Window, scaling: SensorScaling) -> np.ndarray:
-        values = scaling.apply(window)
-        return blank_before_failure(values, window) if self.settings.restart_at_failure else values
+        return statistics_input(window, scaling, restart_at_failure=self.settings.restart_at_failure)
 
     # --- vocabulary -----------------------------------------------------------------------------------------------
 
