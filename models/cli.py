@@ -90,6 +90,15 @@ def train_command(
     ] = False,
     max_length: Annotated[int, typer.Option(min=8, help="Longest token sequence (the model's context).")] = 256,
     seed: Annotated[int, typer.Option(help="Random seed (weights, batch order).")] = 0,
+    members: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=16,
+            help="Train this many models, from seeds --seed, --seed + 1, ..., and average them into one (an ensemble, "
+            "one ONNX graph at the edge); --max-minutes is shared among them.",
+        ),
+    ] = 1,
     max_minutes: Annotated[float, typer.Option(min=0.01, help="Training time budget.")] = 8.0,
     max_steps: Annotated[int, typer.Option(min=1, help="Most optimisation steps.")] = 600,
     n_layer: Annotated[int, typer.Option(min=1, help="Transformer layers.")] = 2,
@@ -138,6 +147,7 @@ def train_command(
             daily_profile=daily_profile,
             max_length=max_length,
             seed=seed,
+            members=members,
             max_minutes=max_minutes,
             max_steps=max_steps,
             n_layer=n_layer,

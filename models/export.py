@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import shutil
 import tempfile
@@ -38,7 +39,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from torch import nn
 
-from models.model import load_causal_lm, takes_values
+from models.model import ensemble_members, load_causal_lm, takes_values
 from models.outcome import pack_sequences, risks_from_logits
 from models.registry import DEFAULT_MODEL_NAME, VERSION_PATTERN, sign_artifact
 from models.scoring import ANY_FAILURE, Window
@@ -149,7 +150,7 @@ def context_length(model: nn.Module, config: dict[str, Any]) -> int:
 
 def export_onnx(model: nn.Module, path: Path, *, opset: int = OPSET) -> None:
     """Write the fp32 ONNX graph with dynamic batch and sequence axes: built directly for GPT-2, traced otherwise."""
-    if is_plain_gpt2(model):
+    if all(is_plain_gpt2(member) for member in ensemble_members(model)):
         onnx.save(gpt2_graph(model), str(path))
         return
     if takes_values(model):
@@ -199,12 +200,16 @@ class _GraphBuilder:
     def __init__(self) -> None:
         self.nodes: list[onnx.NodeProto] = []
         self.weights: list[onnx.TensorProto] = []
+        self.prefix = ""
+        """Put before every name made from here on (an ensemble's members each get their own); inputs keep theirs."""
 
     def weight(self, name: str, value: np.ndarray) -> str:
+        name = self.prefix + name
         self.weights.append(onnx.numpy_helper.from_array(np.ascontiguousarray(value), name))
         return name
 
     def op(self, op_type: str, inputs: list[str], output: str, domain: str | None = None, **attrs: Any) -> str:
+        output = self.prefix + output
         self.nodes.append(onnx.helper.make_node(op_type, inputs, [output], name=output, domain=domain, **attrs))
         return output
 
@@ -214,17 +219,55 @@ def gpt2_graph(model: nn.Module) -> onnx.ModelProto:
 
     Per block: LayerNorm -> fused causal Attention (com.microsoft, the GPT-2 qkv matrix as is) -> projection ->
     residual -> LayerNorm -> MLP with FastGelu (the tanh GELU GPT-2 uses) -> residual. Then each row's last real
-    token is picked, normed and projected on the (tied) token embedding.
+    token is picked, normed and projected on the (tied) token embedding. An ensemble (:class:`EnsembleLM`) is its
+    members side by side, each under its own name prefix, and ``last_logits`` is ``log(mean softmax)`` of theirs, as
+    in torch.
     """
+    members = ensemble_members(model)
+    config = members[0].config
+    g = _GraphBuilder()
+    if len(members) == 1:
+        _gpt2_member(g, members[0], OUTPUT_NAME)
+    else:
+        log_probs = []
+        for i, member in enumerate(members):
+            g.prefix = f"m{i}."
+            logits = _gpt2_member(g, member, OUTPUT_NAME)
+            log_probs.append(g.op("LogSoftmax", [logits], "log_probs", axis=-1))  # (B, V)
+        g.prefix = ""
+        axis0 = g.weight("axis0", np.array([0], np.int64))
+        stacked = g.op("Concat", [g.op("Unsqueeze", [lp, axis0], f"{lp}_1") for lp in log_probs], "log_probs", axis=0)
+        total = g.op("ReduceLogSumExp", [stacked], "log_prob_sum", axes=[0], keepdims=0)  # (B, V)
+        g.op("Sub", [total, g.weight("log_members", np.array(math.log(len(members)), np.float32))], OUTPUT_NAME)
+
+    inputs = [
+        onnx.helper.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, ["batch", "sequence"]),
+        onnx.helper.make_tensor_value_info("last_index", onnx.TensorProto.INT64, ["batch"]),
+    ]
+    if takes_values(model):
+        inputs.append(onnx.helper.make_tensor_value_info(VALUES_INPUT, onnx.TensorProto.FLOAT, ["batch", "sequence"]))
+    graph = onnx.helper.make_graph(
+        g.nodes,
+        "precursor-gpt2" if len(members) == 1 else f"precursor-gpt2-ensemble-{len(members)}",
+        inputs,
+        [onnx.helper.make_tensor_value_info(OUTPUT_NAME, onnx.TensorProto.FLOAT, ["batch", config.vocab_size])],
+        g.weights,
+    )
+    opsets = [onnx.helper.make_opsetid("", OPSET), onnx.helper.make_opsetid("com.microsoft", 1)]
+    built = onnx.helper.make_model(graph, opset_imports=opsets, producer_name="precursor")
+    onnx.checker.check_model(built)
+    return built
+
+
+def _gpt2_member(g: _GraphBuilder, model: nn.Module, output: str) -> str:
+    """One GPT-2's nodes and weights, from the graph inputs to its logits ``(B, V)`` at ``output`` (prefixed)."""
     config = model.config
     weights = {k: v.detach().float().cpu().numpy() for k, v in model.transformer.state_dict().items()}
     head = model.get_output_embeddings().weight.detach().float().cpu().numpy()  # (V, C)
     eps = float(config.layer_norm_epsilon)
-    g = _GraphBuilder()
-    zero, one, axis0 = g.weight("zero", np.array(0, np.int64)), g.weight("one", np.array(1, np.int64)), "axis0"
-    g.weight(axis0, np.array([0], np.int64))
+    zero, one = g.weight("zero", np.array(0, np.int64)), g.weight("one", np.array(1, np.int64))
+    axis0 = g.weight("axis0", np.array([0], np.int64))
     flat = g.weight("flat_shape", np.array([-1, config.n_embd], np.int64))
-
     length_1d = g.op("Shape", ["input_ids"], "length_1d", start=1, end=2)
     length = g.op("Squeeze", [length_1d, axis0], "length")
     batch = g.op("Squeeze", [g.op("Shape", ["input_ids"], "batch_1d", start=0, end=1), axis0], "batch")
@@ -233,8 +276,8 @@ def gpt2_graph(model: nn.Module) -> onnx.ModelProto:
     if valued:  # wte[id] + value * wve[id]
         table = model.value_embedding.weight.detach().float().cpu().numpy()
         directions = g.op("Gather", [g.weight("wve", table), "input_ids"], "value_directions", axis=0)  # (B, T, C)
-        g.weight("last_axis", np.array([-1], np.int64))
-        column = g.op("Unsqueeze", [VALUES_INPUT, "last_axis"], "value_column")  # (B, T, 1)
+        last_axis = g.weight("last_axis", np.array([-1], np.int64))
+        column = g.op("Unsqueeze", [VALUES_INPUT, last_axis], "value_column")  # (B, T, 1)
         tokens = g.op("Add", [tokens, g.op("Mul", [directions, column], "value_part")], "valued_tokens")
     # Slice, not Gather(Range): ONNX Runtime rewrites the latter into a Slice it then cannot run.
     positions = g.op("Slice", [g.weight("wpe", weights["wpe.weight"]), axis0, length_1d, axis0], "positions")
@@ -282,25 +325,7 @@ def gpt2_graph(model: nn.Module) -> onnx.ModelProto:
         axis=-1,
         epsilon=eps,
     )
-    g.op("MatMul", [last, g.weight("head.w", head.T)], OUTPUT_NAME)  # (B, V)
-
-    inputs = [
-        onnx.helper.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, ["batch", "sequence"]),
-        onnx.helper.make_tensor_value_info("last_index", onnx.TensorProto.INT64, ["batch"]),
-    ]
-    if valued:
-        inputs.append(onnx.helper.make_tensor_value_info(VALUES_INPUT, onnx.TensorProto.FLOAT, ["batch", "sequence"]))
-    graph = onnx.helper.make_graph(
-        g.nodes,
-        "precursor-gpt2",
-        inputs,
-        [onnx.helper.make_tensor_value_info(OUTPUT_NAME, onnx.TensorProto.FLOAT, ["batch", config.vocab_size])],
-        g.weights,
-    )
-    opsets = [onnx.helper.make_opsetid("", OPSET), onnx.helper.make_opsetid("com.microsoft", 1)]
-    built = onnx.helper.make_model(graph, opset_imports=opsets, producer_name="precursor")
-    onnx.checker.check_model(built)
-    return built
+    return g.op("MatMul", [last, g.weight("head.w", head.T)], output)  # (B, V)
 
 
 def quantize_int8(fp32_path: Path, int8_path: Path) -> None:
@@ -311,7 +336,11 @@ def quantize_int8(fp32_path: Path, int8_path: Path) -> None:
     and the output head (it runs on one position per row, and its error lands straight in the risk).
     """
     graph = onnx.load(str(fp32_path), load_external_data=False).graph
-    head = [node.name for node in graph.node if OUTPUT_NAME in node.output and node.op_type in ("MatMul", "Gemm")]
+    head = [  # the output head, or each ensemble member's (named <prefix>.last_logits)
+        node.name
+        for node in graph.node
+        if node.op_type in ("MatMul", "Gemm") and any(o.split(".")[-1] == OUTPUT_NAME for o in node.output)
+    ]
     quantize_dynamic(
         fp32_path,
         int8_path,

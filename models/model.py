@@ -18,6 +18,7 @@ scoring context (``context_length``, the tokenizer's ``max_length``) and the ``o
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutput
 
 from models.outcome import pack_sequences, risks_from_logits
 from models.scoring import Risk, Window
@@ -125,9 +127,76 @@ def build_model(config: ModelConfig) -> GPT2LMHeadModel:
     return GPT2LMHeadModel(hf_config)
 
 
+class EnsembleLM(torch.nn.Module):
+    """Several causal LMs over one tokenizer, read as one: the next-token distribution is the mean of theirs.
+
+    ``logits = log(mean_i softmax(logits_i))``: already normalised, so whatever reads the risk from a softmax of
+    ``logits`` (:mod:`models.outcome`, the edge) gets the members' mean probabilities without knowing there are
+    several. The risk, renormalised over the outcome tokens, is then the members' risks averaged with weights their
+    mass on those tokens (nearly all of it, after the horizon token). Why: members trained from different seeds on a
+    small fleet disagree on its rare failures, and averaging them ranks windows better than any one (BENCHMARKS.md).
+    Saved as one sub-folder per member (``member-0``, ...).
+    """
+
+    def __init__(self, members: Sequence[PreTrainedModel]) -> None:
+        super().__init__()
+        if not members:
+            raise ValueError("an ensemble needs at least one member")
+        vocab = {m.get_output_embeddings().weight.shape[0] for m in members}
+        if len(vocab) != 1:
+            raise ValueError(f"ensemble members disagree on the vocabulary size: {sorted(vocab)}")
+        self.members = torch.nn.ModuleList(members)
+
+    @property
+    def config(self) -> Any:
+        """The first member's: the members share a tokenizer, a context and (from training) an architecture."""
+        return self.members[0].config
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.members[0].get_output_embeddings()
+
+    def forward(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> CausalLMOutput:
+        log_probs = torch.stack(
+            [torch.log_softmax(m(input_ids=input_ids, **kwargs).logits.float(), dim=-1) for m in self.members]
+        )  # (M, B, L, V)
+        return CausalLMOutput(logits=torch.logsumexp(log_probs, dim=0) - math.log(len(self.members)))
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        for i, member in enumerate(self.members):
+            member.save_pretrained(Path(directory) / f"{MEMBER_PREFIX}{i}")
+
+
+MEMBER_PREFIX = "member-"
+
+
+def member_folders(directory: str | Path) -> list[Path]:
+    """The member sub-folders of an ensemble checkpoint, in order; empty for a single model."""
+    found = {}
+    for path in Path(directory).glob(f"{MEMBER_PREFIX}*"):
+        index = path.name.removeprefix(MEMBER_PREFIX)
+        if index.isdigit() and (path / "config.json").is_file():
+            found[int(index)] = path
+    if found and sorted(found) != list(range(len(found))):
+        raise ValueError(f"{directory}: ensemble members {sorted(found)} are not numbered 0..{len(found) - 1}")
+    return [found[i] for i in sorted(found)]
+
+
+def ensemble_members(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The models an ensemble averages, or the model alone."""
+    return list(model.members) if isinstance(model, EnsembleLM) else [model]
+
+
 def load_causal_lm(directory: str | Path, **kwargs: Any) -> PreTrainedModel:
-    """A saved causal LM: ours with a value channel as :class:`ValueGPT2LMHeadModel` (transformers' auto classes would
-    build plain GPT-2 and drop the value table with only a warning), any other through ``AutoModelForCausalLM``."""
+    """A saved causal LM: an ensemble from its member folders (:class:`EnsembleLM`), ours with a value channel as
+    :class:`ValueGPT2LMHeadModel` (transformers' auto classes would build plain GPT-2 and drop the value table with
+    only a warning), any other through ``AutoModelForCausalLM``."""
+    members = member_folders(directory)
+    if members:
+        return EnsembleLM([load_causal_lm(path, **kwargs) for path in members])  # type: ignore[return-value]
     config = AutoConfig.from_pretrained(directory, local_files_only=True)
     if getattr(config, "value_channel", False):
         return ValueGPT2LMHeadModel.from_pretrained(directory, config=config, local_files_only=True, **kwargs)
@@ -199,6 +268,7 @@ class CheckpointMeta(BaseModel):
     architecture: dict[str, Any] | None = Field(None, description="ModelConfig fields; None when a backbone was used")
     backbone: str | None = None
     parameters: int
+    members: int = Field(1, description="models averaged (EnsembleLM), one sub-folder each when more than 1")
     horizon_h: float
     threshold: float = Field(description="alert when risk['failure'] >= threshold; chosen on validation")
     window: dict[str, Any] = Field(description="how windows are cut: window_h, every_h, min_points, event_lookback_h")

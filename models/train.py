@@ -53,6 +53,7 @@ from models.evaluate import average_precision, best_f1_threshold, precision_reca
 from models.model import (
     MAX_DEFAULT_PARAMETERS,
     CheckpointMeta,
+    EnsembleLM,
     ModelConfig,
     build_model,
     context_length,
@@ -132,6 +133,11 @@ class TrainSettings(BaseModel):
     # added 0.008-0.026 test PR-AUC, on the simulator's fleet nothing (-0.05 to +0.006 over three runs).
     value_channel: bool = False
     ema_decay: Annotated[float, Field(ge=0, lt=1)] = 0.99
+    # Models trained from seeds seed, seed + 1, ... and averaged into one (models.model.EnsembleLM, one ONNX graph at
+    # the edge); max_minutes is shared among them. On the simulator's fleet four members scored 0.550 test PR-AUC
+    # where the same four alone averaged 0.537 (gradient boosting: 0.543). Each member costs its training time again
+    # and its share of edge latency.
+    members: Annotated[int, Field(ge=1, le=16)] = 1
     threads: Annotated[int, Field(ge=1, le=256)] = 1
     # Where training runs: the edge never trains, but a cloud retraining worker may have a GPU. The exported model is
     # the same either way (weights come back to the CPU before export).
@@ -340,6 +346,7 @@ class FitResult:
     validation: dict[str, float]
     history: list[dict[str, float]] = field(default_factory=list)
     seconds: float = 0.0
+    seed: int = 0
 
 
 def fit_model(
@@ -439,7 +446,7 @@ def fit_model(
         model.load_state_dict(best_state)
     model.to("cpu")  # export, saving and the scorers downstream work on the CPU
     model.eval()
-    return FitResult(model, best_step, best_metrics, history, time.monotonic() - started)
+    return FitResult(model, best_step, best_metrics, history, time.monotonic() - started, settings.seed)
 
 
 def training_device(name: str) -> torch.device:
@@ -497,6 +504,38 @@ def failures_in(windows: Sequence[LabeledWindow]) -> int:
     return len({(w.window.machine_id, round(w.end_s + (w.hours_to_failure or 0) * 3600)) for w in windows if w.failed})
 
 
+def member_record(fit: FitResult) -> dict[str, Any]:
+    """What ``precursor.json`` keeps of each ensemble member's training."""
+    return {"seed": fit.seed, "step": fit.step, "validation": fit.validation, "history": fit.history}
+
+
+def fresh_model(
+    tokenizer: TelemetryTokenizer, settings: TrainSettings, architecture: ModelConfig | None
+) -> PreTrainedModel:
+    """The untrained model for a fitted tokenizer: built from ``architecture``, or the backbone when it is None;
+    its random start drawn from ``settings.seed``."""
+    torch.manual_seed(settings.seed)
+    if architecture is None:
+        assert settings.backbone is not None
+        model = load_backbone(settings.backbone, tokenizer.vocab_size)
+    else:
+        model = build_model(architecture)
+        if count_parameters(model) > MAX_DEFAULT_PARAMETERS:
+            log.warning(
+                "%d parameters: above the %d a default model keeps to", count_parameters(model), MAX_DEFAULT_PARAMETERS
+            )
+    if settings.ordinal_init:
+        init_ordinal_embeddings(
+            model, tokenizer.ordinal_families(), generator=torch.Generator().manual_seed(settings.seed)
+        )
+    if context_length(model) <= tokenizer.fixed_length:
+        raise DatasetError(
+            f"the model's context ({context_length(model)} tokens) is shorter than the tokenizer's sequences "
+            f"({tokenizer.fixed_length} tokens and more)"
+        )
+    return model
+
+
 def train_on_windows(
     train_windows: Sequence[LabeledWindow],
     validation_windows: Sequence[LabeledWindow],
@@ -530,28 +569,30 @@ def train_on_windows(
     train_encoded = EncodedWindows.of(tokenizer, train_windows, values=settings.value_channel)
     validation_encoded = EncodedWindows.of(tokenizer, validation_windows, values=settings.value_channel)
 
-    architecture: ModelConfig | None = None
-    if settings.backbone is not None:
-        model = load_backbone(settings.backbone, tokenizer.vocab_size)
+    architecture = model_config_for(tokenizer, settings) if settings.backbone is None else None
+    fits = []
+    for member in range(settings.members):
+        # Each member from its own seed, with an equal share of the time; one member is exactly a plain run.
+        member_settings = settings.model_copy(
+            update={"seed": settings.seed + member, "max_minutes": settings.max_minutes / settings.members}
+        )
+        model = fresh_model(tokenizer, member_settings, architecture)
+        fits.append(fit_model(model, tokenizer, train_encoded, validation_encoded, member_settings))
+        if settings.members > 1:
+            log.info("member %d of %d: step %d, %s", member + 1, settings.members, fits[-1].step, fits[-1].validation)
+    if len(fits) == 1:
+        result = fits[0]
+        scores = validation_scores(result.model, tokenizer, validation_encoded)
     else:
-        architecture = model_config_for(tokenizer, settings)
-        model = build_model(architecture)
-        if count_parameters(model) > MAX_DEFAULT_PARAMETERS:
-            log.warning(
-                "%d parameters: above the %d a default model keeps to", count_parameters(model), MAX_DEFAULT_PARAMETERS
-            )
-    if settings.ordinal_init:
-        init_ordinal_embeddings(
-            model, tokenizer.ordinal_families(), generator=torch.Generator().manual_seed(settings.seed)
-        )
-    if context_length(model) <= tokenizer.fixed_length:
-        raise DatasetError(
-            f"the model's context ({context_length(model)} tokens) is shorter than the tokenizer's sequences "
-            f"({tokenizer.fixed_length} tokens and more)"
-        )
-
-    result = fit_model(model, tokenizer, train_encoded, validation_encoded, settings)
-    scores = validation_scores(result.model, tokenizer, validation_encoded)
+        ensemble = EnsembleLM([fit.model for fit in fits]).eval()
+        scores = validation_scores(ensemble, tokenizer, validation_encoded)  # type: ignore[arg-type]
+        chosen = {
+            "pr_auc": average_precision(validation_encoded.failed, scores) or 0.0,
+            "outcome_nll": _outcome_nll(scores, validation_encoded.failed),
+        }
+        # The step and history shown are the first member's; every member's are under training.member_fits.
+        seconds = sum(fit.seconds for fit in fits)
+        result = FitResult(ensemble, fits[0].step, chosen, fits[0].history, seconds, settings.seed)  # type: ignore[arg-type]
     threshold = best_f1_threshold(validation_encoded.failed, scores)
     precision, recall, f1 = precision_recall_f1(validation_encoded.failed, scores, threshold)
     validation = {
@@ -568,6 +609,7 @@ def train_on_windows(
         architecture=model_config_dict(architecture) if architecture is not None else None,
         backbone=str(settings.backbone) if settings.backbone is not None else None,
         parameters=count_parameters(result.model),
+        members=settings.members,
         horizon_h=settings.horizon_h,
         threshold=threshold,
         window={
@@ -582,6 +624,7 @@ def train_on_windows(
             "tokenizer": tokenizer.settings.model_dump(mode="json"),
             "seconds": round(result.seconds, 1),
             "history": result.history,
+            **({"member_fits": [member_record(fit) for fit in fits]} if len(fits) > 1 else {}),
         },
         step=result.step,
         validation=validation,
@@ -661,8 +704,9 @@ def train(
 def describe(meta: CheckpointMeta) -> str:
     """A few lines for the command line: what was trained and how it did on validation."""
     v = meta.validation
+    chosen = f"best step {meta.step}" if meta.members == 1 else f"{meta.members} members averaged"
     return (
-        f"parameters {meta.parameters:,}; best step {meta.step}; "
+        f"parameters {meta.parameters:,}; {chosen}; "
         f"validation PR-AUC {v.get('pr_auc', float('nan')):.3f}; "
         f"threshold {meta.threshold:.4g} (F1 {v.get('f1', float('nan')):.3f} on {v.get('failures', 0)} failures); "
         f"trained {meta.training.get('seconds', 0)} s"
