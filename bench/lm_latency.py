@@ -51,7 +51,14 @@ from models.export import (  # noqa: E402
     export_artifact,
     load_checkpoint_model,
 )
-from models.model import CheckpointMeta, ModelConfig, build_model, save_checkpoint, takes_values  # noqa: E402
+from models.model import (  # noqa: E402
+    CheckpointMeta,
+    ModelConfig,
+    build_model,
+    ensemble_members,
+    save_checkpoint,
+    takes_values,
+)
 from models.runtime import DEFAULT_MAX_BATCH  # noqa: E402
 from models.scoring import Window  # noqa: E402
 from models.signing import generate_keypair  # noqa: E402
@@ -228,6 +235,7 @@ def bench_model(
     model = load_checkpoint_model(checkpoint)
     cfg = model.config
     shape = Shape(cfg.vocab_size, cfg.n_embd, cfg.n_layer, cfg.n_inner or 4 * cfg.n_embd)
+    members = len(ensemble_members(model))  # an ensemble runs each member's arithmetic
     wrapper = LastTokenLogits(model).eval()
     sessions = {"onnx fp32": session(artifact / FP32_MODEL_FILE), "onnx int8": session(artifact / MODEL_FILE)}
     artifact_mb = sum(p.stat().st_size for p in artifact.iterdir() if p.name != FP32_MODEL_FILE) / 1e6
@@ -261,7 +269,7 @@ def bench_model(
                     "cpu_p50_ms": cpu_p50,
                     "windows_per_s": rate,
                     "cpu_windows_per_s": cpu_rate,
-                    "flops_share": cpu_rate * shape.flops_per_window(length) / peak,
+                    "flops_share": cpu_rate * members * shape.flops_per_window(length) / peak,
                     "artifact_mb": artifact_mb,
                     "rss_mb": rss,
                     "hwm_mb": hwm,
