@@ -24,9 +24,9 @@ from models.model import (
 )
 from models.runtime import LMScorer
 from models.scoring import ANY_FAILURE
-from models.signing import generate_keypair, load_public_keys
+from models.signing import load_public_keys
 from models.train import TrainSettings, train
-from tests.test_lm_training import TINY, write_tiny_fleet
+from tests.test_lm_training import TINY, train_signed, write_tiny_fleet
 
 
 def tiny_members(count: int, vocab_size: int = 40) -> list[torch.nn.Module]:
@@ -69,18 +69,8 @@ def test_members_must_share_a_vocabulary() -> None:
 
 def test_train_members_then_score_one_graph_at_the_edge(tmp_path: Path) -> None:
     fleet_files = write_tiny_fleet(tmp_path / "fleet")
-    keys = tmp_path / "keys"
-    generate_keypair(keys)
+    result, keys = train_signed(fleet_files, TrainSettings(**TINY, members=2, seed=3), tmp_path, version="0.3.0")
     artifact = tmp_path / "artifact"
-    result = train(
-        fleet_files["telemetry"],
-        fleet_files["events"],
-        artifact,
-        TrainSettings(**TINY, members=2, seed=3),
-        machines=fleet_files["machines"],
-        signing_key=keys / "precursor.key",
-        version="0.3.0",
-    )
     meta = json.loads((result.checkpoint_dir / META_FILE).read_text())
     assert meta["members"] == 2
     assert [m["seed"] for m in meta["training"]["member_fits"]] == [3, 4]

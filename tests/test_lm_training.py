@@ -26,9 +26,11 @@ from models.model import (
     load_checkpoint,
 )
 from models.outcome import pack_sequences
+from models.signing import generate_keypair
 from models.tokenizer import TelemetryTokenizer
 from models.train import (
     EncodedWindows,
+    TrainResult,
     TrainSettings,
     auxiliary_targets,
     hide_readings,
@@ -102,6 +104,25 @@ TINY = {
     "learning_rate": 5e-3,
     "max_length": 64,
 }
+
+
+def train_signed(
+    fleet_files: dict[str, Path], settings: TrainSettings, directory: Path, version: str = "0.2.0"
+) -> tuple[TrainResult, Path]:
+    """Train on a tiny fleet's files and export the signed artifact to ``directory / "artifact"``; the key pair goes
+    to ``directory / "keys"``. Returns the result and the keys folder."""
+    keys = directory / "keys"
+    generate_keypair(keys)
+    result = train(
+        fleet_files["telemetry"],
+        fleet_files["events"],
+        directory / "artifact",
+        settings,
+        machines=fleet_files["machines"],
+        signing_key=keys / "precursor.key",
+        version=version,
+    )
+    return result, keys
 
 
 @pytest.fixture(scope="module")

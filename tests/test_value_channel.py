@@ -25,10 +25,10 @@ from models.model import (
 from models.outcome import pack_sequences
 from models.runtime import LMScorer
 from models.scoring import ANY_FAILURE
-from models.signing import generate_keypair, load_public_keys
+from models.signing import load_public_keys
 from models.tokenizer import TelemetryTokenizer
-from models.train import EncodedWindows, TrainSettings, hide_readings, train
-from tests.test_lm_training import TINY, write_tiny_fleet
+from models.train import EncodedWindows, TrainSettings, hide_readings
+from tests.test_lm_training import TINY, train_signed, write_tiny_fleet
 
 SETTINGS = {**TINY, "block_stats": ("mean", "std"), "window_stats": ("slope", "max")}
 
@@ -140,18 +140,8 @@ def test_a_backbone_has_no_value_channel() -> None:
 def test_train_export_and_score_at_the_edge_with_values(
     fleet_files: dict[str, Path], labeled: list[LabeledWindow], tmp_path: Path
 ) -> None:
-    keys = tmp_path / "keys"
-    generate_keypair(keys)
+    result, keys = train_signed(fleet_files, TrainSettings(**SETTINGS, value_channel=True), tmp_path)
     artifact = tmp_path / "artifact"
-    result = train(
-        fleet_files["telemetry"],
-        fleet_files["events"],
-        artifact,
-        TrainSettings(**SETTINGS, value_channel=True),
-        machines=fleet_files["machines"],
-        signing_key=keys / "precursor.key",
-        version="0.2.0",
-    )
     model, _, _ = load_checkpoint(result.checkpoint_dir)
     assert isinstance(model, ValueGPT2LMHeadModel)
     config = json.loads((artifact / "precursor.json").read_text())
