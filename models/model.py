@@ -127,6 +127,10 @@ def build_model(config: ModelConfig) -> GPT2LMHeadModel:
     return GPT2LMHeadModel(hf_config)
 
 
+MEMBER_PREFIX = "member-"
+"""An ensemble checkpoint's member sub-folders are ``member-0``, ``member-1``, ..."""
+
+
 class EnsembleLM(torch.nn.Module):
     """Several causal LMs over one tokenizer, read as one: the next-token distribution is the mean of theirs.
 
@@ -168,9 +172,6 @@ class EnsembleLM(torch.nn.Module):
     def save_pretrained(self, directory: str | Path) -> None:
         for i, member in enumerate(self.members):
             member.save_pretrained(Path(directory) / f"{MEMBER_PREFIX}{i}")
-
-
-MEMBER_PREFIX = "member-"
 
 
 def member_folders(directory: str | Path) -> list[Path]:

@@ -557,7 +557,7 @@ def train_on_windows(
     started = time.monotonic()
     random.seed(settings.seed)
     np.random.seed(settings.seed)
-    torch.manual_seed(settings.seed)  # the initial weights too, whatever ran before in this process
+    torch.manual_seed(settings.seed)  # whatever ran before in this process; each model's weights: fresh_model
     out = Path(out)
     for name, windows in (("training", train_windows), ("validation", validation_windows)):
         counts = outcome_counts(windows)

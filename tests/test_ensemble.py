@@ -75,7 +75,7 @@ def test_train_members_then_score_one_graph_at_the_edge(tmp_path: Path) -> None:
     assert meta["members"] == 2
     assert [m["seed"] for m in meta["training"]["member_fits"]] == [3, 4]
     assert [p.name for p in member_folders(result.checkpoint_dir)] == ["member-0", "member-1"]
-    model, _, _ = load_checkpoint(result.checkpoint_dir)
+    model, tokenizer, _ = load_checkpoint(result.checkpoint_dir)
     assert isinstance(model, EnsembleLM)
 
     # A member is exactly the model a plain run with its seed trains.
@@ -103,7 +103,6 @@ def test_train_members_then_score_one_graph_at_the_edge(tmp_path: Path) -> None:
     at_edge = np.array([r[ANY_FAILURE] for r in LMScorer.load(artifact, load_public_keys(keys)).score_many(windows)])
     in_cloud = np.array([r[ANY_FAILURE] for r in TorchScorer.load(result.checkpoint_dir).score_many(windows)])
     assert np.abs(at_edge - in_cloud).max() < 0.05  # int8 against fp32
-    _, tokenizer, _ = load_checkpoint(result.checkpoint_dir)
     member_risks = [
         np.array([r[ANY_FAILURE] for r in TorchScorer(member, tokenizer, 12.0).score_many(windows)])
         for member in model.members
