@@ -47,6 +47,7 @@ class ApiSettings(BaseSettings):
     risk_threshold: Annotated[float, Field(ge=0, le=1)] = DEFAULT_THRESHOLD
     sql_timeout_s: Annotated[float, Field(gt=0, le=120)] = 5.0
     sql_max_rows: Annotated[int, Field(ge=1, le=10_000)] = 1000
+    sql_max_bytes: Annotated[int, Field(ge=1024, le=256 * 1024 * 1024)] = 8 * 1024 * 1024
     store_wait_s: Annotated[float, Field(ge=0, le=60)] = 5.0
     live_keepalive_s: Annotated[float, Field(gt=0, le=300)] = 15.0
     live_poll_ms: Annotated[int, Field(ge=10, le=5000)] = 200

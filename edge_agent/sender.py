@@ -26,6 +26,9 @@ log = logging.getLogger("precursor.edge.sender")
 
 MIN_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 10.0
+# While there is nothing to send, the last send's success says nothing about the link now: probe it this often, so
+# /healthz and heartbeats report an outage within seconds even on a quiet edge.
+IDLE_PROBE_S = 2.0
 
 
 def topic_for(settings: KafkaSettings) -> Callable[[str], str]:
@@ -43,6 +46,7 @@ class OutboxSender(threading.Thread):
         batch: int = 1000,
         send_timeout_s: float = 15.0,
         producer_factory: Callable[[], Any] | None = None,
+        idle_probe_s: float = IDLE_PROBE_S,
     ) -> None:
         super().__init__(name="outbox-sender", daemon=True)
         self.outbox = outbox
@@ -60,6 +64,8 @@ class OutboxSender(threading.Thread):
         self.last_error: str | None = None
         self.last_success: float | None = None
         self._idle = threading.Event()
+        self._idle_probe_s = idle_probe_s
+        self._last_probe = time.monotonic()
 
     def _new_producer(self) -> KafkaProducer:
         timeout_ms = int(self.send_timeout_s * 1000)
@@ -84,6 +90,7 @@ class OutboxSender(threading.Thread):
                 rows = reader.pending(self.batch)
                 if not rows:
                     self._idle.set()
+                    self._probe_when_due()
                     self.outbox.wait_for_messages(0.2)
                     continue
                 self._idle.clear()
@@ -138,6 +145,16 @@ class OutboxSender(threading.Thread):
         failed = next((f.exception for _, f in futures if f.is_done and f.failed()), None)
         self._failed(f"{len(rows) - len(acked)} of {len(rows)} sends not acknowledged ({failed or 'timed out'})")
         return False
+
+    def _probe_when_due(self) -> None:
+        """While idle, a broker that stopped accepting connections makes the link unreachable."""
+        if self.broker_reachable is not True or time.monotonic() - self._last_probe < self._idle_probe_s:
+            return
+        self._last_probe = time.monotonic()
+        try:
+            check_reachable(self.settings.servers, timeout_s=1.0)
+        except BrokerUnreachable as err:
+            self._failed(f"idle probe: {err}")
 
     def _failed(self, reason: str) -> None:
         self.failures += 1

@@ -202,6 +202,10 @@ def test_sql_reads(client: TestClient, sim: SimulatedStore) -> None:
         ("POST", "/sql", {}, {"sql": ""}, 422, "body sql=''"),
         ("POST", "/sql", {}, {"query": "SELECT 1"}, 422, "body sql: Field required"),
         ("POST", "/sql", {}, {"sql": "SELECT 1", "limit": 100000}, 422, "body limit=100000"),
+        ("GET", "/machines/at-risk", {"since": "3000000d"}, None, 422, "since='3000000d'"),
+        ("GET", "/alerts", {"since": "9" * 60 + "d"}, None, 422, "since="),
+        ("GET", "/models/quality", {"bucket": "3000000d"}, None, 422, "bucket"),
+        ("POST", "/sql", {}, {"sql": "SELECT repeat('x', 200000000) AS big"}, 400, "larger than"),
     ],
 )
 def test_bad_input_gets_a_clear_4xx_and_nothing_changes(
@@ -219,6 +223,18 @@ def test_bad_input_gets_a_clear_4xx_and_nothing_changes(
     assert response.status_code == status, response.text
     assert says in response.json()["detail"]
     assert hashlib.sha256(sim.path.read_bytes()).hexdigest() == before
+
+
+def test_a_sql_answer_is_cut_at_the_byte_limit_not_served_whole(client: TestClient) -> None:
+    response = client.post(
+        "/api/v1/sql",
+        headers=AUTH,
+        json={"sql": "SELECT repeat('x', 1000000) AS wide FROM range(100)", "limit": 100},
+    )
+    assert response.status_code == 200
+    answer = response.json()
+    assert answer["truncated"] is True and 1 <= len(answer["rows"]) <= 8
+    assert len(response.content) < 10 * 1024 * 1024
 
 
 def test_a_missing_store_is_503_not_500(tmp_path: Path) -> None:
