@@ -45,7 +45,7 @@ from pydantic import (
 
 from contracts.durations import Duration
 from contracts.messages import Identifier
-from contracts.settings import KafkaSettings
+from contracts.settings import KafkaSettings, PrecursorSettings
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
@@ -306,7 +306,11 @@ class EdgeConfig(_Strict):
     heartbeat: HeartbeatSpec = Field(default_factory=HeartbeatSpec)
     log: LogSpec = Field(default_factory=LogSpec)
     quarantine: QuarantineSpec = Field(default_factory=QuarantineSpec)
-    state_dir: Path = Path(".state/edge")
+    state_dir: Path = Field(
+        default_factory=lambda: _default_state_dir(),
+        description="sequence numbers, outbox, quarantine, updated models; default <PRECURSOR_STATE_DIR>/edge "
+        "(PRECURSOR_STATE_DIR is relative to the current folder), else .state/edge beside the config file",
+    )
     publish_events: bool = True
     drain_timeout: Duration = Field(timedelta(seconds=10), description="on SIGTERM: how long to keep sending")
     exit_when_sources_end: bool = Field(True, description="stop once every source has ended (replays, finite sims)")
@@ -376,6 +380,12 @@ class EdgeConfig(_Strict):
                 "state_dir": fix(self.state_dir),
             }
         )
+
+
+def _default_state_dir() -> Path:
+    state = PrecursorSettings()
+    # An explicit PRECURSOR_STATE_DIR means the deployment's one state folder, as for the broker and the flows.
+    return state.state_dir.absolute() / "edge" if "state_dir" in state.model_fields_set else Path(".state/edge")
 
 
 class ConfigError(ValueError):

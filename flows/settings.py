@@ -1,10 +1,12 @@
 """What the flows are told: one settings object per flow, read from ``PRECURSOR_RETRAIN_*`` / ``PRECURSOR_DRIFT_*``.
 
 Flows take these objects as their one parameter, so a test (or a deployment) swaps the whole configuration without
-patching anything. Paths default to the project's ``.state`` folder. The signing key is a *path*: flows load the
-private key inside the export step and never log, print, return or send it; only its public ``key_id`` travels.
+patching anything. Paths default to the project's state folder (``.state``, or wherever ``PRECURSOR_STATE_DIR``
+points when the settings are made). The signing key is a *path*: flows load the private key inside the export step
+and never log, print, return or send it; only its public ``key_id`` travels.
 
-Nested fields use ``__`` in variable names, e.g. ``PRECURSOR_RETRAIN_TRAINING__MAX_STEPS=200``.
+Nested fields use ``__`` in variable names, e.g. ``PRECURSOR_RETRAIN_TRAINING__MAX_STEPS=200``; the nested fields
+not named keep their defaults.
 
 >>> s = RetrainSettings(horizon_h=12, canary_edges=["edge-1"])
 >>> s.training.horizon_h
@@ -21,14 +23,15 @@ promotion_margin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.messages import Identifier
-from contracts.settings import KafkaSettings
+from contracts.settings import KafkaSettings, PrecursorSettings
 from models.registry import DEFAULT_MODEL_NAME
 from models.train import TrainSettings
 
@@ -36,7 +39,35 @@ PromotionMetric = Literal["pr_auc", "recall", "f1", "precision", "named_recall"]
 """Metrics where higher is better; the candidate must beat the champion on one of them by the margin.
 ``named_recall`` counts a failure as caught only when the alert names its kind (see :mod:`flows.promotion`)."""
 
-DEFAULT_STATE = Path(".state")
+
+def in_state(*parts: str) -> Callable[[], Path]:
+    """A default under the state folder, read when the settings are made (so ``PRECURSOR_STATE_DIR`` moves it)."""
+    return lambda: PrecursorSettings().state_dir.joinpath(*parts)
+
+
+def _with_defaults(cls: type[BaseModel], data: Any, nested: tuple[str, ...]) -> Any:
+    """``data`` with each nested field given as a mapping laid over that field's default, key by key.
+
+    pydantic-settings hands a nested variable (``PRECURSOR_RETRAIN_TRAINING__MAX_MINUTES=2``) over as a mapping of
+    only what was named, which would otherwise replace the whole default and lose (or lack) the rest of it.
+    """
+    if not isinstance(data, dict):
+        return data
+    merged = dict(data)
+    for name in nested:
+        given = merged.get(name)
+        if isinstance(given, dict):
+            default = cls.model_fields[name].get_default(call_default_factory=True)
+            merged[name] = _deep_merge(default.model_dump(), given)
+    return merged
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        below = merged.get(key)
+        merged[key] = _deep_merge(below, value) if isinstance(below, dict) and isinstance(value, dict) else value
+    return merged
 
 
 class RetrainSettings(BaseSettings):
@@ -45,22 +76,27 @@ class RetrainSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PRECURSOR_RETRAIN_", env_nested_delimiter="__", extra="forbid")
 
     labeled_dataset: Path = Field(
-        DEFAULT_STATE / "labeled", description="the labeling pipeline's examples (Parquet, a folder a day)"
+        default_factory=in_state("datasets", "labeled"),
+        description="the labeling pipeline's examples (Parquet, a folder a day), where `precursor pipeline label` "
+        "writes them by default",
     )
     telemetry: Path = Field(
-        DEFAULT_STATE / "telemetry" / "telemetry.csv",
+        default_factory=in_state("telemetry", "telemetry.csv"),
         description="generic-format telemetry the examples' windows are cut from (raw telemetry stays at the edge)",
     )
     events: Path | None = Field(None, description="generic-format events: the windows' context (errors, maintenance)")
     machines: Path | None = Field(None, description="generic-format machine attributes")
-    work_dir: Path = Field(DEFAULT_STATE / "flows" / "retrain", description="one folder per run: checkpoint, export")
-    registry: Path = Field(DEFAULT_STATE / "registry", description="the registry root of signed artifacts")
+    work_dir: Path = Field(
+        default_factory=in_state("flows", "retrain"), description="one folder per run: checkpoint, export"
+    )
+    registry: Path = Field(default_factory=in_state("registry"), description="the registry root of signed artifacts")
     model_name: Identifier = DEFAULT_MODEL_NAME
     signing_key: Path = Field(
-        DEFAULT_STATE / "keys" / "precursor.key", description="ed25519 private key file (mode 0600; never logged)"
+        default_factory=in_state("keys", "precursor.key"),
+        description="ed25519 private key file (mode 0600; never logged)",
     )
     trusted_keys: list[Path] = Field(
-        default_factory=lambda: [DEFAULT_STATE / "keys"], description="public key files, or folders of *.pub files"
+        default_factory=lambda: [in_state("keys")()], description="public key files, or folders of *.pub files"
     )
 
     horizon_h: Annotated[float, Field(gt=0, le=24 * 365)] = 24.0
@@ -92,6 +128,11 @@ class RetrainSettings(BaseSettings):
     )
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _partial_nested(cls, data: Any) -> Any:
+        return _with_defaults(cls, data, ("training",))
+
     @model_validator(mode="after")
     def _one_horizon(self) -> RetrainSettings:
         # One horizon for the question the model answers, the labels and the held-out judging.
@@ -106,7 +147,8 @@ class DriftCheckSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PRECURSOR_DRIFT_", env_nested_delimiter="__", extra="forbid")
 
     store: Path = Field(
-        DEFAULT_STATE / "store" / "predictions.duckdb", description="the prediction store the monitoring writes to"
+        default_factory=lambda: PrecursorSettings().store_path,
+        description="the prediction store the monitoring writes to (PRECURSOR_STORE, else in the state folder)",
     )
     min_recall: Annotated[float, Field(ge=0, le=1)] = Field(0.5, description="retrain when recall falls below this")
     max_drift: Annotated[float, Field(gt=0)] = Field(
@@ -116,3 +158,8 @@ class DriftCheckSettings(BaseSettings):
         2, description="recall over fewer failures than this is noise: it triggers nothing"
     )
     retrain: RetrainSettings = Field(default_factory=RetrainSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _partial_nested(cls, data: Any) -> Any:
+        return _with_defaults(cls, data, ("retrain",))

@@ -1,0 +1,36 @@
+"""The flows' settings: one nested variable changes only what it names, the rest keep their defaults."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.settings import DriftCheckSettings, RetrainSettings
+from models.train import TrainSettings
+
+
+def test_one_training_variable_keeps_the_other_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRECURSOR_RETRAIN_TRAINING__MAX_MINUTES", "2")
+    monkeypatch.setenv("PRECURSOR_RETRAIN_HORIZON_H", "12")
+    training = RetrainSettings().training
+    assert training == TrainSettings(horizon_h=12.0, max_minutes=2.0)
+
+
+def test_a_variable_two_levels_down_keeps_the_other_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRECURSOR_DRIFT_RETRAIN__TRAINING__MAX_STEPS", "7")
+    monkeypatch.setenv("PRECURSOR_DRIFT_RETRAIN__PROMOTION_MARGIN", "0.1")
+    retrain = DriftCheckSettings().retrain
+    assert retrain.training == TrainSettings(horizon_h=24.0, max_steps=7)
+    assert (retrain.promotion_margin, retrain.promotion_metric) == (0.1, "pr_auc")
+
+
+def test_one_kafka_variable_keeps_the_kafka_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRECURSOR_KAFKA_BOOTSTRAP_SERVERS", "broker-1:9093")
+    monkeypatch.setenv("PRECURSOR_RETRAIN_KAFKA__TOPIC_PREFIX", "plant-7")
+    kafka = RetrainSettings().kafka
+    assert (kafka.bootstrap_servers, kafka.topic_prefix) == ("broker-1:9093", "plant-7")
+
+
+def test_a_nested_value_that_is_wrong_is_still_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRECURSOR_RETRAIN_TRAINING__MAX_MINUTES", "-1")
+    with pytest.raises(ValueError, match=r"training\.max_minutes"):
+        RetrainSettings()
