@@ -197,6 +197,30 @@ class Heartbeat(Out):
     lag_s: float
     health: str
     machines: int
+    trust: Literal["verified", "unsigned"] = Field(
+        description="verified: signed by a key enrolled for this edge; unsigned: no signature (forged heartbeats are "
+        "never shown here, see identity)"
+    )
+    model_known: bool | None = Field(
+        description="whether model_sha256 is a release in the model registry; null: no registry configured, or no "
+        "artifact (a built-in baseline)"
+    )
+    agent_version: str | None
+    agent_sha256: str | None = Field(description="sha256 of the agent's source files, as the edge reports it")
+    key_id: str | None
+
+
+class EdgeIdentity(Out):
+    """Whether an edge's heartbeats prove who sent them."""
+
+    trust: Literal["verified", "unsigned"] | None = Field(description="of its newest heartbeat that is not forged")
+    verified: int
+    unsigned: int
+    forged: int = Field(description="heartbeats in its name whose signature does not hold, or by a key not enrolled")
+    last_forged_at: datetime | None = Field(description="when the newest forged one was stored")
+    last_forged_reason: str | None
+    unknown_model: bool = Field(description="its newest heartbeat reports a model that is no known release")
+    flags: list[Literal["forged", "unsigned", "unknown_model"]]
 
 
 class EdgeRollout(Out):
@@ -211,6 +235,7 @@ class EdgeRollout(Out):
     on_newest: int
     status: Literal["current", "rolling", "behind"]
     heartbeat: Heartbeat | None
+    identity: EdgeIdentity
 
 
 class QualityPoint(Out):

@@ -372,7 +372,9 @@ def model_versions(request: Request, edge_id: Filter = None, since: Since = None
 
 @router.get("/models/rollout", response_model=list[EdgeRollout])
 def model_rollout(request: Request) -> Any:
-    """Per edge: the versions its machines run, its newest heartbeat, and whether it runs the fleet's newest."""
+    """Per edge: the versions its machines run, its newest heartbeat, and whether it runs the fleet's newest; and
+    whether it proves who it is (``identity.flags``: forged heartbeats in its name, unsigned heartbeats, a model
+    that is no known release)."""
     with open_store(request) as store:
         return store.rollout()
 

@@ -33,6 +33,7 @@ from pydantic import (
     NonNegativeInt,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 SCHEMA_VERSION = 1
@@ -141,9 +142,35 @@ class Prediction(EdgeMessage):
         return max(self.risk.values())
 
 
-class Heartbeat(EdgeMessage):
-    """An edge agent's periodic health report, keyed by edge_id."""
+class AgentBuild(BaseModel):
+    """Which edge agent code sent a message: the package version and a hash of the agent's own source files."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: Annotated[str, Field(min_length=1, max_length=64)]
+    sha256: Sha256Hex
+
+
+class HeartbeatSignature(BaseModel):
+    """The edge's ed25519 signature over :meth:`Heartbeat.statement`, and the id of the key that made it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key_id: Identifier
+    value: Annotated[str, Field(min_length=1, max_length=256, description="base64 ed25519 signature")]
+
+
+HEARTBEAT_STATEMENT = "precursor.heartbeat"
+
+
+class Heartbeat(EdgeMessage):
+    """An edge agent's periodic health report, keyed by edge_id.
+
+    Schema version 2 adds who sent it: the agent's build and, from an enrolled edge, a signature by the edge's own key
+    over the whole heartbeat (:meth:`statement`). Version 1 heartbeats (neither) still parse: they read as unsigned.
+    """
+
+    schema_version: Literal[1, 2] = 2  # type: ignore[assignment]
     timestamp: UtcDatetime
     model_name: Identifier
     model_version: Annotated[str, Field(min_length=1, max_length=64)]
@@ -152,6 +179,51 @@ class Heartbeat(EdgeMessage):
     lag_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
     health: Literal["ok", "degraded", "failing"] = "ok"
     machines: NonNegativeInt = 0
+    agent: AgentBuild | None = None
+    signature: HeartbeatSignature | None = None
+
+    @model_validator(mode="after")
+    def _identity_needs_version_2(self) -> Heartbeat:
+        if self.schema_version == 1 and (self.agent is not None or self.signature is not None):
+            raise ValueError("agent and signature came with schema_version 2; this heartbeat says 1")
+        return self
+
+    def statement(self) -> bytes:
+        """The bytes an edge signs: every field but the signature's value, as canonical JSON (sorted keys, no
+        spaces, UTF-8), plus a ``statement`` tag so the signature cannot pass for one over any other kind of data.
+
+        Fields left at None are left out, so a field added later (it must default to None) does not change what an
+        older agent signed.
+        """
+        fields = self.model_dump(mode="json", exclude={"signature": {"value"}}, exclude_none=True)
+        fields["statement"] = HEARTBEAT_STATEMENT
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+Ed25519PublicKeyB64 = Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]{43}=$")]
+"""The 32 raw bytes of an ed25519 public key, base64."""
+SignatureB64 = Annotated[str, Field(min_length=1, max_length=128)]
+"""A base64 ed25519 signature (88 characters); the bound keeps a hostile record from carrying megabytes here."""
+
+
+class KeySignature(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key_id: Identifier
+    signature: SignatureB64
+
+
+class KeyRotation(BaseModel):
+    """Which keys sign releases from now on: trust version ``version``, signed by ``threshold`` keys of the trust
+    before it and by ``threshold`` of its own keys. A key left out is revoked (see :mod:`models.releases`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: Annotated[int, Field(ge=1, le=1_000_000)]
+    keys: dict[Identifier, Ed25519PublicKeyB64] = Field(min_length=1, max_length=32)
+    threshold: Annotated[int, Field(ge=1, le=32)] = 1
+    issued_at: UtcDatetime
+    signatures: list[KeySignature] = Field(default_factory=list, max_length=64)
 
 
 class ModelRelease(Message):

@@ -34,6 +34,7 @@ from contracts.formats import RowError, read_machines
 from contracts.messages import ContractError, EdgeEvent, Event, Heartbeat, Prediction, TelemetryReading, validate
 from edge_agent.checkpoint import WindowCheckpoint, position_writer, read_positions
 from edge_agent.config import EdgeConfig
+from edge_agent.identity import EdgeIdentity, agent_build
 from edge_agent.outbox import Outbox
 from edge_agent.publisher import Sink
 from edge_agent.quarantine import Quarantine
@@ -107,8 +108,10 @@ class EdgeAgent:
         attributes: dict[str, dict[str, str]] | None = None,
         batch_size: int = 16,
         clock: Callable[[], float] = time.time,
+        identity: EdgeIdentity | None = None,
     ) -> None:
         self.config = config
+        self.identity = identity  # signs heartbeats once the edge is enrolled; without it they go unsigned
         self.slot = scorer if isinstance(scorer, ScorerSlot) else ScorerSlot(RunningModel(scorer))
         self._clock = clock
         if isinstance(sink, Outbox):
@@ -459,7 +462,10 @@ class EdgeAgent:
             lag_s=max(0.0, lag_s),
             health=health,
             machines=self.windows.machines,
+            agent=agent_build(),
         )
+        if self.identity is not None:
+            message = self.identity.sign(message)
         self._send(message)
         self.stats.heartbeats += 1
         return message

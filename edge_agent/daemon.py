@@ -31,6 +31,7 @@ from contracts.formats import read_machines
 from edge_agent.agent import AgentStats, EdgeAgent, Health
 from edge_agent.config import ConfigError, EdgeConfig
 from edge_agent.health import HealthServer
+from edge_agent.identity import EdgeIdentity
 from edge_agent.logs import configure_logging
 from edge_agent.outbox import Outbox
 from edge_agent.scorers import RunningModel, ScorerSlot, load_running
@@ -86,7 +87,18 @@ class AgentDaemon:
         except (ValueError, OSError) as err:
             self.outbox.close()
             raise ConfigError(f"sources: {err}") from None
-        self.agent = EdgeAgent(config, self.slot, self.outbox, attributes=attributes, batch_size=config.model.max_batch)
+        try:
+            identity = EdgeIdentity.load(config.state_dir, config.edge_id)
+        except ValueError as err:  # an unreadable key: better no start than heartbeats the fleet flags as forged
+            self.outbox.close()
+            raise ConfigError(f"identity: {err}") from None
+        if identity is None:
+            log.warning(
+                "edge %s is not enrolled: its heartbeats go unsigned (run `precursor edge enroll`)", config.edge_id
+            )
+        self.agent = EdgeAgent(
+            config, self.slot, self.outbox, attributes=attributes, batch_size=config.model.max_batch, identity=identity
+        )
         self.positions = self.agent.restore()
         self.sender = OutboxSender(self.outbox, config.kafka, batch=config.outbox.send_batch) if send else None
         self.updater: ModelUpdater | None = None

@@ -43,6 +43,8 @@ _SENSOR = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")  # contracts.messages.Senso
 _MAX_CACHED = 100_000
 _EPOCH_MAX = 253402300799.0  # 9999-12-31T23:59:59Z
 _SHOWN = 60
+FLOAT32_MAX = 3.4028234663852886e38
+"""Windows hold float32: a larger magnitude, finite in float64 (1e308, say), would become an infinity there."""
 
 
 class Reading(NamedTuple):
@@ -68,16 +70,29 @@ _new_reading = tuple.__new__  # a Reading without NamedTuple's Python-level __ne
 
 
 def csv_fields(line: str) -> list[str]:
-    """The fields of one CSV line; quoted fields take the csv module's slower path."""
+    """The fields of one CSV line; quoted fields take the csv module's slower path. Raises ValueError for a line the
+    csv module refuses (a carriage return inside an unquoted field, a field over its size limit)."""
     if '"' not in line:
         return line.split(",")
-    return next(csv.reader([line]), [])
+    try:
+        return next(csv.reader([line]), [])
+    except csv.Error as err:
+        raise ValueError(f"not a CSV line: {err}") from None
 
 
 def _picker(columns: tuple[int, ...]) -> Callable[[list[str]], tuple[str, ...]]:
     if len(columns) >= 2:
         return itemgetter(*columns)  # type: ignore[return-value]
     return lambda fields: tuple(fields[i] for i in columns)
+
+
+def _within_float32(values: tuple[float, ...]) -> bool:
+    """Whether finite values (no NaN: the caller checked) all fit float32."""
+    return max(values) <= FLOAT32_MAX and min(values) >= -FLOAT32_MAX
+
+
+def _beyond_float32(name: str, value: object) -> str:
+    return f"sensor {name}={_show(value)} is too large: beyond float32's range (|x| <= 3.4e38) that windows hold"
 
 
 def _show(value: object) -> str:
@@ -125,21 +140,22 @@ class RecordParser:
             return last_t
         if isinstance(value, datetime):
             t = (value.replace(tzinfo=UTC) if value.tzinfo is None else value).timestamp()
-            self._last_stamp = (value, t)
-            return t
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
+        elif isinstance(value, bool) or not isinstance(value, str | int | float):
             raise ValueError(f"timestamp={_show(value)} is neither ISO 8601 text nor epoch seconds")
-        try:
-            t = float(value)
-        except ValueError:
-            text = str(value).strip()
+        else:
             try:
-                parsed = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+                t = float(value)
+            except OverflowError:  # an integer beyond float's range (a 400-digit number, say)
+                t = math.inf
             except ValueError:
-                raise ValueError(f"timestamp={_show(value)} is neither ISO 8601 nor epoch seconds") from None
-            if parsed.tzinfo is None:
-                parsed = parsed.replace(tzinfo=UTC)
-            t = parsed.timestamp()
+                text = str(value).strip()
+                try:
+                    parsed = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+                except ValueError:
+                    raise ValueError(f"timestamp={_show(value)} is neither ISO 8601 nor epoch seconds") from None
+                if parsed.tzinfo is None:
+                    parsed = parsed.replace(tzinfo=UTC)
+                t = parsed.timestamp()
         if not (0.0 <= t <= _EPOCH_MAX):  # also catches NaN
             raise ValueError(f"timestamp={_show(value)} is not a time between 1970 and 9999")
         self._last_stamp = (value, t)
@@ -180,6 +196,21 @@ class RecordParser:
         return key
 
     # --- CSV ----------------------------------------------------------------------------------------------------
+
+    def csv_header(self, text: str) -> CsvLayout:
+        """The layout of a header line's text (its line end stripped, a byte order mark allowed); never raises."""
+        try:
+            return self.csv_layout(csv_fields(text.removeprefix("\ufeff")))
+        except ValueError as err:
+            return CsvLayout((), -1, -1, None, (), (), error=f"bad CSV header {_show(text)}: {err}")
+
+    def csv_text(self, layout: CsvLayout, text: str, line: int) -> Record:
+        """The record of one CSV line's text (its line end stripped); never raises."""
+        try:
+            fields = csv_fields(text)
+        except ValueError as err:
+            return RowError(self.source, line, text, str(err))
+        return self.csv_row(layout, fields, line, text)
 
     def csv_layout(self, header: list[str]) -> CsvLayout:
         """The layout of a header line. A bad header gives a layout with ``error`` set: every row is then refused."""
@@ -224,10 +255,13 @@ class RecordParser:
                 values = self._csv_values(layout.sensors, texts)  # blanks (missing) or a bad field: say which
             else:
                 total = sum(values)
-                if total - total != 0.0:  # a NaN or an infinity somewhere (or finite values that overflow a sum)
+                # A NaN or an infinity somewhere (or finite values that overflow a sum), or a value float32 cannot hold
+                if total - total != 0.0 or not _within_float32(values):
                     values = self._csv_values(layout.sensors, texts)
         except ValueError as err:
             return RowError(self.source, line, raw, str(err))
+        except Exception as err:  # one record must never stop a source: it is quarantined, saying why
+            return self._unreadable(line, raw, err)
         return _new_reading(Reading, (machine, t, layout.sensors, values))
 
     @staticmethod
@@ -243,6 +277,8 @@ class RecordParser:
                 raise ValueError(f"sensor {name}={_show(text)} is not a number") from None
             if v - v != 0.0:
                 raise ValueError(f"sensor {name}={_show(text)} is not a finite number")
+            if not -FLOAT32_MAX <= v <= FLOAT32_MAX:
+                raise ValueError(_beyond_float32(name, text))
             values.append(v)
         return tuple(values)
 
@@ -287,6 +323,8 @@ class RecordParser:
         total = sum(map(sum, columns))
         if total - total != 0.0:  # a NaN or an infinity somewhere (or finite values that overflow a sum)
             return None
+        if max(map(max, columns)) > FLOAT32_MAX or min(map(min, columns)) < -FLOAT32_MAX:
+            return None
         return list(
             map(_new_reading, repeat(Reading), zip(machines, times, repeat(layout.sensors), zip(*columns, strict=True)))
         )
@@ -307,7 +345,7 @@ class RecordParser:
             for n, text in enumerate(lines, start=first_line):
                 text = text.rstrip("\r\n")
                 if text:
-                    append(self.csv_row(layout, csv_fields(text), n, text))
+                    append(self.csv_text(layout, text, n))
             return out
         width, ts_at, machine_at = len(layout.header), layout.timestamp, layout.machine_id
         pick, sensors, known = layout.pick, layout.sensors, self._identifiers
@@ -316,7 +354,11 @@ class RecordParser:
             text = text.rstrip("\r\n")
             if not text:
                 continue
-            fields = csv_fields(text)
+            if '"' in text:
+                append(self.csv_text(layout, text, n))
+                last_raw, last_t = self._last_stamp
+                continue
+            fields = text.split(",")
             if len(fields) == width and fields[ts_at] == last_raw and fields[machine_at] in known:
                 try:
                     values = tuple(map(float, pick(fields)))
@@ -324,7 +366,7 @@ class RecordParser:
                     values = ()
                 if values:
                     total = sum(values)
-                    if total - total == 0.0:
+                    if total - total == 0.0 and _within_float32(values):
                         append(_new_reading(Reading, (fields[machine_at], last_t, sensors, values)))
                         continue
             append(self.csv_row(layout, fields, n, text))  # the long way, with the reason if it is bad
@@ -334,21 +376,33 @@ class RecordParser:
     # --- JSON ---------------------------------------------------------------------------------------------------
 
     def json_line(self, text: str | bytes, line: int) -> list[Record]:
-        """One JSON text: an object, or an array of objects (a gateway's batch). Never raises."""
+        """One JSON text: an object, or an array of objects (a gateway's batch). Never raises: whatever the text, each
+        record comes back as a reading, an event or a :class:`RowError` that says what is wrong."""
         raw = text if isinstance(text, str) else text.decode("utf-8", errors="replace")
-        if len(raw) > self.max_record_bytes:
-            return [RowError(self.source, line, raw[:4096], f"record of {len(raw)} bytes, over max_record_bytes")]
         try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            return [RowError(self.source, line, raw, f"not valid JSON: {getattr(err, 'msg', err)}")]
-        except RecursionError:
-            return [RowError(self.source, line, raw[:4096], "not valid JSON: nested too deeply")]
-        if isinstance(data, list):
-            if not data:
-                return [RowError(self.source, line, raw, "an empty JSON array")]
-            return [self.json_record(item, line, raw) for item in data]
-        return [self.json_record(data, line, raw)]
+            if len(raw) > self.max_record_bytes:
+                return [RowError(self.source, line, raw[:4096], f"record of {len(raw)} bytes, over max_record_bytes")]
+            if isinstance(text, bytes):
+                try:
+                    text = text.decode("utf-8-sig")  # json.loads would also take UTF-16 and UTF-32: the format is UTF-8
+                except UnicodeDecodeError as err:
+                    return [RowError(self.source, line, raw[:4096], f"not valid UTF-8: {err}")]
+            try:
+                data = json.loads(text.removeprefix("\ufeff"))
+            except RecursionError:
+                return [RowError(self.source, line, raw[:4096], "not valid JSON: nested too deeply")]
+            except ValueError as err:  # a syntax error, or an integer of more digits than Python converts (4,300)
+                return [RowError(self.source, line, raw[:4096], f"not valid JSON: {getattr(err, 'msg', err)}")]
+            if isinstance(data, list):
+                if not data:
+                    return [RowError(self.source, line, raw, "an empty JSON array")]
+                return [self.json_record(item, line, raw) for item in data]
+            return [self.json_record(data, line, raw)]
+        except Exception as err:  # one record must never stop a source: it is quarantined, saying why
+            return [self._unreadable(line, raw, err)]
+
+    def _unreadable(self, line: int, raw: str, err: Exception) -> RowError:
+        return RowError(self.source, line, raw[:4096], f"unreadable record ({type(err).__name__}: {_show(str(err))})")
 
     def json_record(self, data: Any, line: int, raw: str, *, nan_is_missing: bool = False) -> Record:
         """A decoded object in the generic format: flat sensors, or sensors under ``values``; or an event."""
@@ -373,6 +427,8 @@ class RecordParser:
             return Reading(machine, t, sensors, tuple(self._number(n, values[n], nan_is_missing) for n in names))
         except ValueError as err:
             return RowError(self.source, line, raw, str(err))
+        except Exception as err:  # one record must never stop a source: it is quarantined, saying why
+            return self._unreadable(line, raw, err)
 
     def _values_of(self, data: Mapping[str, Any]) -> Mapping[str, Any]:
         if "values" in data:
@@ -406,6 +462,8 @@ class RecordParser:
             if nan_is_missing and math.isnan(number):
                 return MISSING
             raise ValueError(f"sensor {name}={_show(value)} is not a finite number")
+        if not -FLOAT32_MAX <= number <= FLOAT32_MAX:
+            raise ValueError(_beyond_float32(name, value))
         return number
 
     def _event(self, t: float, machine: str, text: str) -> Event:

@@ -9,6 +9,7 @@ broker) that the data is safe. On restart the agent passes the saved position ba
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import threading
@@ -17,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 
 from contracts.formats import RowError, read_machines
 from contracts.messages import Event, TelemetryReading
@@ -30,9 +31,11 @@ from edge_agent.config import (
     TailSource,
     source_name,
 )
-from edge_agent.records import Reading, Record, RecordParser, csv_fields
+from edge_agent.records import CsvLayout, Reading, Record, RecordParser
 
 Item = Reading | TelemetryReading | Event | RowError
+Mark = Any
+"""A source's own token for its position just after an item (a count, an instant): cheap to keep per item."""
 
 
 @dataclass(slots=True)
@@ -62,42 +65,111 @@ class TelemetrySource(Protocol):
     def close(self) -> None: ...
 
 
-def record_chunks(path: Path, parser: RecordParser, lines: int = 256) -> Iterator[list[Record]]:
-    """The records of a CSV, JSONL or Parquet file, in file order, about ``lines`` at a time."""
+def record_chunks(
+    path: Path, parser: RecordParser, lines: int = 256, *, max_line: int | None = None
+) -> Iterator[list[Record]]:
+    """The records of a CSV, JSONL or Parquet file, in file order, about ``lines`` at a time.
+
+    Never raises for what one record holds: a row that cannot be read (bad UTF-8, a line longer than ``max_line``,
+    default the parser's ``max_record_bytes``, held in memory only up to that) is a :class:`RowError`. A file that
+    cannot be opened or read at all still raises.
+    """
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        import pyarrow.parquet as pq  # only where Parquet is used: the edge install may not have pyarrow
-
-        line = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=lines):
-            chunk: list[Record] = []
-            for row in batch.to_pylist():
-                line += 1
-                record = parser.json_record(row, line, "", nan_is_missing=True)
-                if isinstance(record, RowError):  # the raw text is only worth making for a bad row
-                    record = RowError(record.source, line, json.dumps(row, default=str)[:4096], record.reason)
-                chunk.append(record)
-            yield chunk
+        yield from _parquet_chunks(path, parser, lines)
         return
+    cap = max_line or parser.max_record_bytes
     with path.open(encoding="utf-8", errors="replace", newline="") as fh:
-        if suffix in (".jsonl", ".ndjson", ".json"):
-            line = 1
-            while texts := list(itertools.islice(fh, lines)):
-                chunk = []
-                for n, text in enumerate(texts, start=line):
-                    if text.strip():
-                        chunk.extend(parser.json_line(text, n))
-                line += len(texts)
-                yield chunk
-            return
-        header = fh.readline()
-        if not header.strip():
-            return
-        layout = parser.csv_layout(csv_fields(header.rstrip("\r\n")))
-        line = 2
-        while texts := list(itertools.islice(fh, lines)):
-            yield parser.csv_lines(layout, texts, line)
+        read = functools.partial(fh.readline, cap + 1)
+        line = 1
+        if suffix not in (".jsonl", ".ndjson", ".json"):
+            while True:  # the header is the first line that is not blank
+                header, bad = _read_lines(fh, read, 1, cap, parser.source, line)
+                line += 1
+                if not header:
+                    return
+                if bad:
+                    layout = CsvLayout((), -1, -1, None, (), (), error=f"bad CSV header: {bad[0].reason}")
+                    break
+                if header[0].strip():
+                    layout = parser.csv_header(header[0].rstrip("\r\n"))
+                    break
+        while True:
+            texts, bad = _read_lines(fh, read, lines, cap, parser.source, line)
+            if not texts:
+                return
+            chunk: list[Record] = []
+            start = 0
+            for i in [*sorted(bad), len(texts)]:
+                if suffix in (".jsonl", ".ndjson", ".json"):
+                    for n, text in enumerate(texts[start:i], start=line + start):
+                        if text.strip():
+                            chunk.extend(parser.json_line(text, n))
+                elif i > start:
+                    chunk.extend(parser.csv_lines(layout, texts[start:i], line + start))
+                if i in bad:
+                    chunk.append(bad[i])
+                start = i + 1
             line += len(texts)
+            yield chunk
+
+
+def _read_lines(
+    fh: TextIO, read: Callable[[], str], count: int, cap: int, source: str, first: int
+) -> tuple[list[str], dict[int, RowError]]:
+    """Up to ``count`` lines, and the unreadable ones among them (by index) as errors: their text is left blank.
+
+    ``read`` returns at most ``cap + 1`` characters, so a line longer than ``cap`` comes in pieces: they are joined
+    back into one (refused) line here, and what is left of it after the pieces read is skipped, never held."""
+    texts = list(itertools.islice(iter(read, ""), count))
+    if not texts or (max(map(len, texts)) <= cap and "\ufffd" not in "".join(texts)):
+        return texts, {}
+    lines: list[str] = []
+    bad: dict[int, RowError] = {}
+    pieces = iter(texts)
+    for text in pieces:
+        n = len(lines)
+        if len(text) > cap and not text.endswith("\n"):
+            rest = text
+            while rest and not rest.endswith("\n"):
+                rest = next(pieces, None) or fh.readline(1 << 16)
+            bad[n] = RowError(source, first + n, text[:200], f"line longer than max_record_bytes={cap} bytes")
+            text = ""
+        elif "\ufffd" in text:
+            # The file is read with errors="replace": a replacement character marks bytes that were not UTF-8.
+            bad[n] = RowError(source, first + n, text[:4096], "not valid UTF-8 (bytes replaced by U+FFFD)")
+            text = ""
+        lines.append(text)
+    return lines, bad
+
+
+def _parquet_chunks(path: Path, parser: RecordParser, lines: int) -> Iterator[list[Record]]:
+    import pyarrow.parquet as pq  # only where Parquet is used: the edge install may not have pyarrow
+
+    line = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=lines):
+        try:
+            rows: list[Any] = batch.to_pylist()
+        except Exception:  # a value Python cannot hold (a timestamp past year 9999): row by row says which
+            rows = [_parquet_row(batch, i) for i in range(batch.num_rows)]
+        chunk: list[Record] = []
+        for row in rows:
+            line += 1
+            if isinstance(row, Exception):
+                chunk.append(RowError(parser.source, line, "", f"unreadable Parquet row: {type(row).__name__}: {row}"))
+                continue
+            record = parser.json_record(row, line, "", nan_is_missing=True)
+            if isinstance(record, RowError):  # the raw text is only worth making for a bad row
+                record = RowError(record.source, line, repr(row)[:4096], record.reason)
+            chunk.append(record)
+        yield chunk
+
+
+def _parquet_row(batch: Any, i: int) -> dict[str, Any] | Exception:
+    try:
+        return batch.slice(i, 1).to_pylist()[0]  # type: ignore[no-any-return]
+    except Exception as err:  # the row is quarantined with this
+        return err
 
 
 def read_records(path: Path, parser: RecordParser) -> Iterator[Record]:
@@ -124,24 +196,30 @@ class _Pace:
 
 def _batched(
     name: str,
-    items: Iterator[Item],
+    items: Iterator[tuple[Item, Mark]],
     size: int,
     speedup: float,
     stop: threading.Event,
-    position_of: Callable[[], str | None],
+    encode: Callable[[Mark], str],
 ) -> Iterator[SourceBatch]:
-    """Group items into batches; a paced source hands over what it has before it sleeps."""
+    """Group items into batches; a paced source hands over what it has before it sleeps.
+
+    Each item comes with its *mark*, the source's position just after it; a batch carries the mark of its last item,
+    so the position counts exactly the items handed on. An item held back during a pacing wait (or when ``stop``
+    comes) is not in it: a restart reads that item again rather than skipping it.
+    """
     pace = _Pace(speedup)
     batch: list[Item] = []
+    mark: Mark = None
     started = time.monotonic()
-    for item in items:
+    for item, item_mark in items:
         if stop.is_set():
-            return
+            break
         if isinstance(item, Reading | TelemetryReading) and pace.speedup:
             wait = pace.delay(item.t if isinstance(item, Reading) else item.timestamp.timestamp())
             while wait > 0:
                 if batch:
-                    yield SourceBatch(name, batch, position_of(), arrived=started)
+                    yield SourceBatch(name, batch, encode(mark), arrived=started)
                     batch = []
                 else:
                     yield SourceBatch(name, [])  # nothing new yet: the agent may commit and send heartbeats
@@ -151,11 +229,12 @@ def _batched(
         if not batch:
             started = time.monotonic()
         batch.append(item)
+        mark = item_mark
         if len(batch) >= size:
-            yield SourceBatch(name, batch, position_of(), arrived=started)
+            yield SourceBatch(name, batch, encode(mark), arrived=started)
             batch = []
     if batch:
-        yield SourceBatch(name, batch, position_of(), arrived=started)
+        yield SourceBatch(name, batch, encode(mark), arrived=started)
 
 
 class FileReplay:
@@ -171,7 +250,6 @@ class FileReplay:
         self.spec = spec
         self.name = source_name(spec)
         self.limits = limits or InputSpec()
-        self._done = 0
 
     def attributes(self) -> dict[str, dict[str, str]]:
         return read_machines(self.spec.machines) if self.spec.machines else {}
@@ -224,17 +302,10 @@ class FileReplay:
         skip = int(json.loads(position)["items"]) if position else 0
         done = skip
         if self.spec.speedup > 0:  # paced: item by item, so each waits for its time
-            self._done = skip
-
-            def counted() -> Iterator[Item]:
-                for item in itertools.islice(iter(self), skip, None):
-                    self._done += 1
-                    yield item
-
-            def position_of() -> str:
-                return json.dumps({"items": self._done})
-
-            yield from _batched(self.name, counted(), self.spec.batch_rows, self.spec.speedup, stop, position_of)
+            counted = zip(itertools.islice(iter(self), skip, None), itertools.count(skip + 1))
+            yield from _batched(
+                self.name, counted, self.spec.batch_rows, self.spec.speedup, stop, lambda n: json.dumps({"items": n})
+            )
             return
         chunks = self._chunks()
         while not stop.is_set():
@@ -273,21 +344,22 @@ class SimulatedFleet:
             seed=spec.seed,
             **({"failure_kinds": tuple(spec.kinds)} if spec.kinds else {}),
         )
-        self._at: tuple[int, int] | None = None
 
     def attributes(self) -> dict[str, dict[str, str]]:
         from simulator.fleet import machine_attributes
 
         return machine_attributes(self._config)
 
-    def _items(self, position: str | None) -> Iterator[Item]:
+    def _items(self, position: str | None) -> Iterator[tuple[Item, tuple[int, int]]]:
+        """Each item with the position just after it: its instant and how many items of that instant it makes."""
         from simulator.stream import stream_fleet
 
         start_at, skip = None, 0
+        at: tuple[int, int] | None = None
         if position:
             saved = json.loads(position)
             start_at, skip = int(saved["t"]), int(saved["n"])
-            self._at = (start_at, skip)
+            at = (start_at, skip)
         try:
             stream = stream_fleet(self._config, speedup=0, start_at=None if start_at is None else float(start_at))
         except ValueError:
@@ -297,9 +369,8 @@ class SimulatedFleet:
             if start_at is not None and t == start_at and skip:
                 skip -= 1
                 continue
-            count = self._at[1] + 1 if self._at is not None and self._at[0] == t else 1
-            self._at = (t, count)
-            yield Reading.from_contract(item) if isinstance(item, TelemetryReading) else item
+            at = (t, at[1] + 1 if at is not None and at[0] == t else 1)
+            yield (Reading.from_contract(item) if isinstance(item, TelemetryReading) else item), at
 
     def batches(self, position: str | None, stop: threading.Event) -> Iterator[SourceBatch]:
         yield from _batched(
@@ -308,11 +379,11 @@ class SimulatedFleet:
             self.spec.batch_rows,
             self.spec.speedup,
             stop,
-            lambda: None if self._at is None else json.dumps({"t": self._at[0], "n": self._at[1]}),
+            lambda at: json.dumps({"t": at[0], "n": at[1]}),
         )
 
     def __iter__(self) -> Iterator[Item]:
-        return self._items(None)
+        return (item for item, _ in self._items(None))
 
     def acknowledge(self, ack: Any) -> None:
         pass

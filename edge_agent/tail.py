@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 
 from contracts.formats import RowError, read_machines
 from edge_agent.config import InputSpec, TailSource, source_name
-from edge_agent.records import CsvLayout, Record, RecordParser, csv_fields
+from edge_agent.records import CsvLayout, Record, RecordParser
 from edge_agent.sources import Item, SourceBatch
 
 log = logging.getLogger("precursor.edge.tail")
@@ -121,7 +121,7 @@ class FileTail:
         return None
 
     def _layout(self, header: bytes) -> CsvLayout:
-        return self.parser.csv_layout(csv_fields(header.decode("utf-8", errors="replace").rstrip("\r\n")))
+        return self.parser.csv_header(header.decode("utf-8", errors="replace").rstrip("\r\n"))
 
     # --- reading ------------------------------------------------------------------------------------------------
 
@@ -289,7 +289,7 @@ class FileTail:
             return self.parser.json_line(text, offset)
         if opened.layout is None:
             if offset == 0:
-                opened.layout = self.parser.csv_layout(csv_fields(text))
+                opened.layout = self.parser.csv_header(text)
                 return []
             opened.layout = self._layout(b"")
-        return [self.parser.csv_row(opened.layout, csv_fields(text), offset, text)]
+        return [self.parser.csv_text(opened.layout, text, offset)]

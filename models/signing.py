@@ -156,6 +156,20 @@ def load_public_keys(source: Path | str | Iterable[Path | str]) -> dict[str, Ed2
     return keys
 
 
+def public_key_text(public_key: Ed25519PublicKey) -> str:
+    """A public key as one short line of text: base64 of its 32 raw bytes (what an enrolled-edges file lists)."""
+    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.b64encode(raw).decode("ascii")
+
+
+def public_key_from_text(text: str) -> Ed25519PublicKey:
+    """The key :func:`public_key_text` wrote; ``KeyFileError`` if it is not base64 of 32 bytes."""
+    try:
+        return Ed25519PublicKey.from_public_bytes(base64.b64decode(text, validate=True))
+    except (binascii.Error, ValueError):
+        raise KeyFileError(f"public key {text[:24]!r}... is not base64 of a raw 32-byte ed25519 key") from None
+
+
 def sign(data: bytes, private_key: Ed25519PrivateKey) -> str:
     """The base64 ed25519 signature of ``data``."""
     return base64.b64encode(private_key.sign(data)).decode("ascii")

@@ -53,6 +53,7 @@ def pipeline_run(
     beam_arg: BeamArgOption = None,
 ) -> None:
     """Kafka predictions and events -> validate -> dead-letter -> drop duplicates -> store, and alerts."""
+    from contracts.enrollment import EnrollmentError
     from edge_agent.publisher import BrokerUnreachable, check_reachable
     from pipelines.engines import EngineError
     from pipelines.run import RunReport, run_once
@@ -80,7 +81,7 @@ def pipeline_run(
             say(total)
         else:
             say(run_once(settings, path, **kwargs))  # type: ignore[arg-type]
-    except EngineError as err:
+    except (EngineError, EnrollmentError, FileNotFoundError) as err:  # the last two: a bad edge-trust setting
         raise fail(str(err)) from None
 
 

@@ -36,13 +36,14 @@ from contracts.messages import (
     encode,
 )
 from contracts.settings import KafkaSettings
+from pipelines.edge_trust import HeartbeatJudge, JudgedHeartbeatRecords
 from pipelines.kafka_io import KafkaRecord, PartitionRange, ProduceToKafka, ReadKafkaRanges
 from pipelines.records import (
+    HEARTBEAT_IDENTITY,
     EventRecord,
     HeartbeatRecord,
     PredictionRecord,
     event_record,
-    heartbeat_record,
     prediction_record,
     to_micros,
 )
@@ -131,26 +132,31 @@ class DropDuplicates(beam.PTransform):
     records together, so the pipeline shuffles its predictions once.
     """
 
-    def __init__(self, event_time: int, key: int = MACHINE, counter: str = "duplicates_dropped") -> None:
+    def __init__(
+        self, event_time: int, key: int = MACHINE, counter: str = "duplicates_dropped", identity: int = 2
+    ) -> None:
+        """``identity``: how many leading fields make a record unique (2: edge_id and seq)."""
         super().__init__()
         self._event_time = event_time
         self._key = key
         self._counter = counter
+        self._identity = identity
 
     def expand(self, rows: beam.PCollection) -> beam.PCollection:
         duplicates = Metrics.counter(NAMESPACE, self._counter)
         event_time = self._event_time
         key = self._key
+        identity = self._identity
 
         def keep_first(group: tuple[str, Iterable[tuple[Any, ...]]]) -> TimestampedValue:
             machine_id, records = group
-            seen: set[tuple[str, int]] = set()
+            seen: set[tuple[Any, ...]] = set()
             unique = []
             for r in sorted(records, key=lambda r: (r[-2], r[-1])):  # arrival order: (partition, offset)
-                if (r[0], r[1]) in seen:
+                if r[:identity] in seen:
                     duplicates.inc()
                     continue
-                seen.add((r[0], r[1]))
+                seen.add(r[:identity])
                 unique.append(r)
             newest = max(r[event_time] for r in unique)
             return TimestampedValue((machine_id, tuple(unique)), Timestamp(micros=newest))
@@ -224,6 +230,12 @@ def heartbeat_batch(rows: Sequence[tuple[Any, ...]], ingested_at: datetime) -> p
             "health": [r.health for r in records],
             "machines": pa.array([r.machines for r in records], pa.int64()),
             "ingested_at": pa.array([to_micros(ingested_at)] * len(records), UTC_MICROS),
+            "trust": [r.trust for r in records],
+            "trust_reason": pa.array([r.trust_reason for r in records], pa.string()),
+            "model_known": pa.array([r.model_known for r in records], pa.bool_()),
+            "agent_version": pa.array([r.agent_version for r in records], pa.string()),
+            "agent_sha256": pa.array([r.agent_sha256 for r in records], pa.string()),
+            "key_id": pa.array([r.key_id for r in records], pa.string()),
         }
     )
 
@@ -277,6 +289,7 @@ class _IngestTopic(beam.PTransform):
     to_batch: Callable[[Sequence[tuple[Any, ...]], datetime], pa.Table]
     event_time: int
     key: int = MACHINE
+    identity: int = 2
     counter_prefix: str = ""
 
     def __init__(
@@ -302,7 +315,9 @@ class _IngestTopic(beam.PTransform):
         _ = parsed[DEAD] | "SendDeadLetters" >> SendDeadLetters(self._settings)
         prefix = self.counter_prefix or self.model.__name__
         duplicates = f"{prefix}.duplicates_dropped" if self.counter_prefix else "duplicates_dropped"
-        per_key = parsed["valid"] | "DropDuplicates" >> DropDuplicates(self.event_time, self.key, duplicates)
+        per_key = parsed["valid"] | "DropDuplicates" >> DropDuplicates(
+            self.event_time, self.key, duplicates, self.identity
+        )
         records = per_key | "EachRecord" >> beam.FlatMap(_each_record)
         if self._regroup:
             records = records | "RegroupForWrite" >> beam.Reshuffle()
@@ -332,12 +347,27 @@ class IngestEvents(_IngestTopic):
 
 class IngestHeartbeats(_IngestTopic):
     """The heartbeats topic into the store (the fleet page's edge health); returns ``(edge_id, unique records)``.
-    Its counters are apart (``heartbeats.*``) so a run's prediction and event figures stay what they were."""
+    Its counters are apart (``heartbeats.*``) so a run's prediction and event figures stay what they were.
+
+    Each heartbeat is stored with the ``judge``'s verdict (:mod:`pipelines.edge_trust`): unsigned and forged ones are
+    kept and flagged, never dropped. Without a judge no key is known, so any signed heartbeat reads as forged."""
 
     model = Heartbeat
     table = "heartbeats"
-    to_record = staticmethod(heartbeat_record)
     to_batch = staticmethod(heartbeat_batch)
     event_time = HeartbeatRecord._fields.index("at_us")
     key = EDGE
+    identity = HEARTBEAT_IDENTITY
     counter_prefix = "heartbeats"
+
+    def __init__(
+        self,
+        ranges: list[PartitionRange],
+        settings: KafkaSettings,
+        store_path: str,
+        *,
+        regroup: bool = False,
+        judge: HeartbeatJudge | None = None,
+    ) -> None:
+        super().__init__(ranges, settings, store_path, regroup=regroup)
+        self.to_record = JudgedHeartbeatRecords(judge or HeartbeatJudge(None, None))

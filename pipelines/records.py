@@ -92,6 +92,7 @@ class EventRecord(NamedTuple):
 class HeartbeatRecord(NamedTuple):
     edge_id: str
     seq: int
+    trust: str  # verified, unsigned or forged (pipelines.edge_trust): with (edge_id, seq), what makes one unique
     at_us: int
     model_name: str
     model_version: str
@@ -100,8 +101,18 @@ class HeartbeatRecord(NamedTuple):
     lag_s: float
     health: str
     machines: int
+    trust_reason: str | None
+    model_known: bool | None
+    agent_version: str | None
+    agent_sha256: str | None
+    key_id: str | None
     partition: int
     offset: int
+
+
+HEARTBEAT_IDENTITY = 3
+"""A heartbeat is one per (edge_id, seq, trust): a forged one that reuses a real heartbeat's (edge_id, seq) is kept
+beside it, not in its place, and cannot make the real one count as a duplicate."""
 
 
 def prediction_record(p: Prediction, *, partition: int, offset: int) -> PredictionRecord:
@@ -126,10 +137,19 @@ def event_record(e: EdgeEvent, *, partition: int, offset: int) -> EventRecord:
     return EventRecord(e.edge_id, e.seq, e.machine_id, to_micros(e.timestamp), e.event, partition, offset)
 
 
-def heartbeat_record(h: Heartbeat, *, partition: int, offset: int) -> HeartbeatRecord:
+def heartbeat_record(
+    h: Heartbeat,
+    *,
+    partition: int,
+    offset: int,
+    trust: str,
+    trust_reason: str | None,
+    model_known: bool | None,
+) -> HeartbeatRecord:
     return HeartbeatRecord(
         h.edge_id,
         h.seq,
+        trust,
         to_micros(h.timestamp),
         h.model_name,
         h.model_version,
@@ -138,6 +158,11 @@ def heartbeat_record(h: Heartbeat, *, partition: int, offset: int) -> HeartbeatR
         h.lag_s,
         h.health,
         h.machines,
+        trust_reason,
+        model_known,
+        h.agent.version if h.agent else None,
+        h.agent.sha256 if h.agent else None,
+        h.signature.key_id if h.signature else None,
         partition,
         offset,
     )

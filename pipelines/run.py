@@ -16,6 +16,7 @@ from pathlib import Path
 
 from contracts.settings import KafkaSettings
 from pipelines.alerts import RaiseAlerts
+from pipelines.edge_trust import HeartbeatJudge
 from pipelines.engines import LOCAL, EngineSettings, counters, engine
 from pipelines.ingest import NAMESPACE, IngestEvents, IngestHeartbeats, IngestPredictions
 from pipelines.kafka_io import PartitionRange, plan_ranges
@@ -108,7 +109,11 @@ def run_once(
     if any(r.size for r in event_ranges):
         _ = pipeline | "IngestEvents" >> IngestEvents(event_ranges, settings, path, regroup=regroup)
     if any(r.size for r in heartbeat_ranges):
-        _ = pipeline | "IngestHeartbeats" >> IngestHeartbeats(heartbeat_ranges, settings, path, regroup=regroup)
+        # Read every run, so an edge the operator just enrolled is verified from the next snapshot on.
+        judge = HeartbeatJudge.from_files(pipeline_settings.enrolled_edges, pipeline_settings.model_registry)
+        _ = pipeline | "IngestHeartbeats" >> IngestHeartbeats(
+            heartbeat_ranges, settings, path, regroup=regroup, judge=judge
+        )
     result = pipeline.run()
     result.wait_until_finish()
 

@@ -66,6 +66,16 @@ class PipelineSettings(BaseSettings):
     drift_min_observations: int = Field(
         50, ge=1, description="fewer observations in a window than this decide no drift (too noisy to tell)"
     )
+    enrolled_edges: Path | None = Field(
+        None,
+        description="the enrolled-edges file (lines as `precursor edge enroll` prints them): heartbeats signed by a "
+        "key it lists for their edge are verified, other signed ones are flagged forged; re-read every run",
+    )
+    model_registry: Path | None = Field(
+        None,
+        description="the model registry root: heartbeats reporting a model hash none of its releases has are "
+        "flagged as running an unknown model",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> PipelineSettings:

@@ -78,6 +78,47 @@ def edge_run(
     )
 
 
+@edge_app.command("enroll")
+def edge_enroll(
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="edge agent YAML config: its edge_id and state_dir")
+    ] = None,
+    edge_id: Annotated[str | None, typer.Option("--edge-id", help="the edge's id, instead of --config")] = None,
+    state_dir: Annotated[Path | None, typer.Option("--state-dir", help="the edge's state dir, with --edge-id")] = None,
+) -> None:
+    """Give this edge its own ed25519 key pair (in STATE_DIR/identity, private key mode 0600) and print the line that
+    enrolls it. Add the line to the fleet's enrolled-edges file (PRECURSOR_PIPELINE_ENROLLED_EDGES): the pipeline then
+    verifies the edge's signed heartbeats. An edge that has a key keeps it; the line is printed again."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from contracts.messages import Identifier
+    from edge_agent.config import ConfigError, EdgeConfig
+    from edge_agent.identity import enroll
+
+    if config is not None:
+        if edge_id is not None or state_dir is not None:
+            raise fail("give --config, or --edge-id with --state-dir, not both")
+        try:
+            loaded = EdgeConfig.load(config)
+        except ConfigError as err:
+            raise fail(str(err)) from None
+        edge_id, state_dir = loaded.edge_id, loaded.state_dir
+    elif edge_id is None or state_dir is None:
+        raise fail("give --config FILE, or both --edge-id and --state-dir")
+    try:  # the rule every message's edge_id meets, checked before a key is made for an id no heartbeat can carry
+        TypeAdapter(Identifier).validate_python(edge_id)
+    except ValidationError:
+        raise fail(f"edge_id {edge_id!r} must be 1-128 letters, digits, '_', '.', ':' or '-'") from None
+    try:
+        enrollment = enroll(state_dir, edge_id)
+    except (OSError, ValueError) as err:
+        raise fail(str(err)) from None
+    said = "made a new key pair" if enrollment.created else "already had its key pair; kept it"
+    typer.echo(f"edge {edge_id} {said}: key_id {enrollment.key_id} ({enrollment.private_key_path})", err=True)
+    typer.echo("add this line to the fleet's enrolled-edges file:", err=True)
+    typer.echo(enrollment.line)
+
+
 @app.command("demo")
 def demo(
     machines: Annotated[int, typer.Option(help="simulated machines")] = 40,

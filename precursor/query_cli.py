@@ -352,10 +352,12 @@ def query_rollout(store: StoreOption = None, fmt: FormatOption = OutputFormat.ta
     if out is not OutputFormat.json:
         rows = [
             {
-                **{k: v for k, v in r.items() if k != "heartbeat"},
+                **{k: v for k, v in r.items() if k not in ("heartbeat", "identity")},
                 "versions": _versions_cell(r["versions"]),
                 "health": (r["heartbeat"] or {}).get("health"),
                 "heartbeat_at": (r["heartbeat"] or {}).get("heartbeat_at"),
+                "trust": r["identity"]["trust"],
+                "flags": " ".join(r["identity"]["flags"]),
             }
             for r in rows
         ]

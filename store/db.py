@@ -29,7 +29,43 @@ import pyarrow as pa
 
 from contracts.messages import EdgeEvent, Prediction
 
-SCHEMA = """
+HEARTBEATS_TABLE = """
+-- trust: verified, unsigned or forged (pipelines.edge_trust). It is part of the key, so a forged heartbeat that
+-- reuses an edge's (edge_id, seq) is kept beside the real one and never takes its place.
+CREATE TABLE IF NOT EXISTS heartbeats (
+    edge_id       VARCHAR NOT NULL,
+    seq           BIGINT  NOT NULL,
+    ts            TIMESTAMPTZ NOT NULL,
+    model_name    VARCHAR NOT NULL,
+    model_version VARCHAR NOT NULL,
+    model_sha256  VARCHAR,
+    outbox_depth  BIGINT  NOT NULL,
+    lag_s         DOUBLE  NOT NULL,
+    health        VARCHAR NOT NULL,
+    machines      BIGINT  NOT NULL,
+    ingested_at   TIMESTAMPTZ NOT NULL,
+    trust         VARCHAR NOT NULL DEFAULT 'unsigned',
+    trust_reason  VARCHAR,
+    model_known   BOOLEAN,
+    agent_version VARCHAR,
+    agent_sha256  VARCHAR,
+    key_id        VARCHAR,
+    PRIMARY KEY (edge_id, seq, trust)
+);
+"""
+HEARTBEATS_V1_COLUMNS = (
+    "edge_id, seq, ts, model_name, model_version, model_sha256, outbox_depth, lag_s, health, machines, ingested_at"
+)
+HEARTBEATS_FROM_V1 = (
+    "ALTER TABLE heartbeats RENAME TO heartbeats_v1;"
+    + HEARTBEATS_TABLE
+    + f"INSERT INTO heartbeats ({HEARTBEATS_V1_COLUMNS}) SELECT {HEARTBEATS_V1_COLUMNS} FROM heartbeats_v1;"
+    + "DROP TABLE heartbeats_v1;"
+)
+"""A store from before heartbeats were judged: its rows carried no signature, so they become ``unsigned``."""
+
+SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS predictions (
     edge_id        VARCHAR   NOT NULL,
     seq            BIGINT    NOT NULL,
@@ -132,20 +168,9 @@ CREATE TABLE IF NOT EXISTS latest_predictions (
     emitted_at     TIMESTAMPTZ NOT NULL,
     ingested_at    TIMESTAMPTZ NOT NULL
 );
-CREATE TABLE IF NOT EXISTS heartbeats (
-    edge_id       VARCHAR NOT NULL,
-    seq           BIGINT  NOT NULL,
-    ts            TIMESTAMPTZ NOT NULL,
-    model_name    VARCHAR NOT NULL,
-    model_version VARCHAR NOT NULL,
-    model_sha256  VARCHAR,
-    outbox_depth  BIGINT  NOT NULL,
-    lag_s         DOUBLE  NOT NULL,
-    health        VARCHAR NOT NULL,
-    machines      BIGINT  NOT NULL,
-    ingested_at   TIMESTAMPTZ NOT NULL,
-    PRIMARY KEY (edge_id, seq)
-);
+"""
+    + HEARTBEATS_TABLE
+    + """
 -- Opt-in per-sensor summaries (the precursor.telemetry topic): what the dashboard draws as sensor lines.
 CREATE TABLE IF NOT EXISTS telemetry_summaries (
     machine_id   VARCHAR NOT NULL,
@@ -159,6 +184,7 @@ CREATE TABLE IF NOT EXISTS telemetry_summaries (
     PRIMARY KEY (machine_id, sensor, window_end)
 );
 """
+)
 
 LATEST_PREDICTIONS_UPSERT = """
 INSERT INTO latest_predictions
@@ -236,10 +262,23 @@ def _open(path: Path, *, read_only: bool, wait_s: float) -> Iterator[duckdb.Duck
     try:
         con.execute("SET TimeZone = 'UTC'")
         if not read_only:
+            _migrate_heartbeats(con)
             con.execute(SCHEMA)
         yield con
     finally:
         con.close()
+
+
+def _migrate_heartbeats(con: duckdb.DuckDBPyConnection) -> None:
+    """Rebuild a heartbeats table of the first layout (no trust, keyed by (edge_id, seq) alone), in one transaction."""
+    columns, trust = con.execute(
+        "SELECT count(*), count(*) FILTER (column_name = 'trust') FROM duckdb_columns() "
+        "WHERE database_name = current_database() AND table_name = 'heartbeats'"
+    ).fetchone() or (0, 0)
+    if columns and not trust:
+        con.execute("BEGIN TRANSACTION")
+        con.execute(HEARTBEATS_FROM_V1)
+        con.execute("COMMIT")
 
 
 def prediction_row(p: Prediction, ingested_at: datetime) -> tuple[Any, ...]:

@@ -617,7 +617,8 @@ class StoreReader:
 
     def rollout(self) -> list[dict[str, Any]]:
         """Per edge: the model its machines' latest predictions came from, what its newest heartbeat reports, and
-        whether it runs the fleet's newest version (``current``), some of it (``rolling``) or none (``behind``)."""
+        whether it runs the fleet's newest version (``current``), some of it (``rolling``) or none (``behind``);
+        ``identity`` says whether its heartbeats prove who sent them (see :func:`_identity`)."""
         versions = self.rows(
             f"""
             SELECT edge_id, model_name, model_version, count(*) AS machines, max(window_end) AS last_window_end
@@ -626,15 +627,28 @@ class StoreReader:
             """
         )
         beats: dict[str, dict[str, Any]] = {}
+        trust: dict[str, dict[str, Any]] = {}
         if self.has_table("heartbeats"):
+            # A forged heartbeat says nothing true about the edge it names: the newest one it did send is shown.
             for beat in self.rows(
-                """
+                f"""
                 SELECT edge_id, ts AS heartbeat_at, model_name, model_version, model_sha256, outbox_depth, lag_s,
-                       health, machines
-                FROM heartbeats QUALIFY row_number() OVER (PARTITION BY edge_id ORDER BY ts DESC, seq DESC) = 1
+                       health, machines, trust, model_known, agent_version, agent_sha256, key_id
+                FROM {self._heartbeats} WHERE trust <> 'forged'
+                QUALIFY row_number() OVER (PARTITION BY edge_id ORDER BY ts DESC, seq DESC) = 1
                 """
             ):
                 beats[beat.pop("edge_id")] = beat
+            for counts in self.rows(
+                f"""
+                SELECT edge_id, count(*) FILTER (trust = 'verified') AS verified,
+                       count(*) FILTER (trust = 'unsigned') AS unsigned, count(*) FILTER (trust = 'forged') AS forged,
+                       max(ingested_at) FILTER (trust = 'forged') AS last_forged_at,
+                       arg_max(trust_reason, ingested_at) FILTER (trust = 'forged') AS last_forged_reason
+                FROM {self._heartbeats} GROUP BY edge_id
+                """
+            ):
+                trust[counts.pop("edge_id")] = counts
         known = {v["model_version"] for v in versions} | {b["model_version"] for b in beats.values()}
         newest = max(known, key=version_key) if known else None
         edges: dict[str, dict[str, Any]] = {}
@@ -648,7 +662,7 @@ class StoreReader:
             )
             last = edge["last_window_end"]
             edge["last_window_end"] = v["last_window_end"] if last is None else max(last, v["last_window_end"])
-        for edge_id in beats:
+        for edge_id in beats.keys() | trust.keys():
             edges.setdefault(edge_id, {"edge_id": edge_id, "machines": 0, "versions": [], "last_window_end": None})
         out = []
         for edge_id in sorted(edges):
@@ -670,9 +684,25 @@ class StoreReader:
                     "on_newest": on_newest,
                     "status": status,
                     "heartbeat": beat,
+                    "identity": _identity(beat, trust.get(edge_id)),
                 }
             )
         return out
+
+    @property
+    def _heartbeats(self) -> str:
+        """The heartbeats table, read alike from a store written before heartbeats were judged (until a writer opens
+        it and migrates it, its rows read as unsigned)."""
+        judged = self.con.execute(
+            "SELECT 1 FROM duckdb_columns() WHERE database_name = current_database() AND table_name = 'heartbeats' "
+            "AND column_name = 'trust'"
+        ).fetchone()
+        if judged:
+            return "heartbeats"
+        return (
+            "(SELECT *, 'unsigned' AS trust, NULL::VARCHAR AS trust_reason, NULL::BOOLEAN AS model_known, "
+            "NULL::VARCHAR AS agent_version, NULL::VARCHAR AS agent_sha256, NULL::VARCHAR AS key_id FROM heartbeats)"
+        )
 
     def quality(
         self,
@@ -871,6 +901,28 @@ def check_read_only_sql(text: str) -> None:
 
 def _first_line(err: BaseException) -> str:
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def _identity(beat: dict[str, Any] | None, counts: dict[str, Any] | None) -> dict[str, Any]:
+    """Whether an edge proves who it is: heartbeats per trust state, and what deserves a look (``flags``): forged
+    heartbeats in its name, its newest heartbeat unsigned, or a model that is no known release."""
+    counts = counts or {"verified": 0, "unsigned": 0, "forged": 0, "last_forged_at": None, "last_forged_reason": None}
+    flags = []
+    if counts["forged"]:
+        flags.append("forged")
+    if beat is not None and beat["trust"] == "unsigned":
+        flags.append("unsigned")
+    unknown_model = beat is not None and beat["model_known"] is False
+    if unknown_model:
+        flags.append("unknown_model")
+    return {
+        "trust": beat["trust"] if beat else None,
+        **{k: int(counts[k]) for k in ("verified", "unsigned", "forged")},
+        "last_forged_at": counts["last_forged_at"],
+        "last_forged_reason": counts["last_forged_reason"],
+        "unknown_model": unknown_model,
+        "flags": flags,
+    }
 
 
 def _majority(versions: list[dict[str, Any]]) -> str | None:

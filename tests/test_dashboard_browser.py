@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pyarrow as pa
 import pytest
 from kafka import KafkaProducer
 from selenium import webdriver
@@ -33,6 +34,7 @@ from api.app import create_app
 from api.settings import ApiSettings
 from contracts.messages import Prediction, encode
 from contracts.settings import KafkaSettings
+from store import PredictionStore, connect
 from tests.conftest import REPO_ROOT
 from tests.fixtures_api import TOKEN, SimulatedStore, fill_store, serving
 
@@ -90,6 +92,16 @@ def sim(tmp_path: Path) -> SimulatedStore:
     return fill_store(tmp_path / "store.duckdb", machines=12, days=6, seed=5)
 
 
+def flag_edges(sim: SimulatedStore) -> None:
+    """A forged heartbeat in edge-a's name, and edge-b reporting a model the registry does not hold."""
+    newest = max((h for h in sim.heartbeats if h.edge_id == "edge-a"), key=lambda h: h.timestamp)
+    forged = newest.model_dump(include={"edge_id", "seq", "model_name", "outbox_depth", "lag_s", "health", "machines"})
+    forged |= {"ts": newest.timestamp, "ingested_at": newest.timestamp, "model_version": "9.9.9", "trust": "forged"}
+    PredictionStore(sim.path).insert_table("heartbeats", pa.Table.from_pylist([forged]))
+    with connect(sim.path) as con:
+        con.execute("UPDATE heartbeats SET model_known = false WHERE edge_id = 'edge-b'")
+
+
 def read(driver: webdriver.Chrome, selector: str, *attributes: str) -> list[list[str]]:
     """Attributes of every element a selector matches, read in one step (the page re-renders as events arrive)."""
     return driver.execute_script(
@@ -139,6 +151,7 @@ def screenshot(driver: webdriver.Chrome, name: str) -> Path:
 def test_the_dashboard_matches_the_api_and_updates_live(
     browser: webdriver.Chrome, sim: SimulatedStore, kafka_settings: KafkaSettings
 ) -> None:
+    flag_edges(sim)
     app = create_app(ApiSettings(tokens=TOKEN, store=sim.path, live_poll_ms=100), kafka_settings)
     with serving(app) as base, httpx.Client(base_url=base, headers=AUTH, timeout=20) as api:
         browser.get(f"{base}/dashboard/#token={TOKEN}")
@@ -217,9 +230,19 @@ def test_the_dashboard_matches_the_api_and_updates_live(
         # Model rollout per edge, as the API says.
         browser.get(f"{base}/dashboard/#/models")
         wait_for("the models page", lambda: browser.execute_script("return document.body.dataset.ready") == "models")
-        rollout = {e["edge_id"]: e["status"] for e in api.get("/api/v1/models/rollout").json()}
-        cards = read(browser, "#rollout [data-edge]", "data-edge", "data-status")
-        assert dict(cards) == rollout
+        answer = api.get("/api/v1/models/rollout").json()
+        rollout = [[e["edge_id"], e["status"], " ".join(e["identity"]["flags"])] for e in answer]
+        cards = read(browser, "#rollout [data-edge]", "data-edge", "data-status", "data-flags")
+        assert sorted(cards) == sorted(rollout)
+        assert {e["edge_id"]: e["identity"]["flags"] for e in answer} == {
+            "edge-a": ["forged", "unsigned"],
+            "edge-b": ["unsigned", "unknown_model"],
+        }
+        pills = read(browser, "#rollout [data-edge='edge-a'] [data-flag]", "data-flag")
+        assert pills == [["unsigned"], ["forged"]]
+        assert browser.find_element(By.CSS_SELECTOR, "#rollout [data-edge='edge-a'] [data-flag='forged']").text == (
+            "forged × 1"
+        )
         screenshot(browser, "dashboard-models.png")
         errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         assert errors == [], errors

@@ -158,3 +158,102 @@ def test_csv_lines_in_a_block_give_what_csv_row_gives_line_by_line(lines: list[s
     parser = RecordParser("t.csv")
     got = parser.csv_lines(parser.csv_layout(HEADER), lines, 2)
     assert repr(got) == repr(expected)  # repr: NaN != NaN, and the float types and reasons must match too
+
+
+# --- records that used to stop a source (an exception out of the parser) --------------------------------------------
+
+T = 1767225600
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        # float() of a 400-digit int raises OverflowError, not ValueError: it went straight through the parser.
+        (f'{{"timestamp": {"9" * 400}, "machine_id": "m1", "temp": 1}}', "is not a time between 1970 and 9999"),
+        (f'{{"timestamp": -{"9" * 400}, "machine_id": "m1", "temp": 1}}', "is not a time between 1970 and 9999"),
+        # json.loads raises a plain ValueError past Python's 4,300-digit int conversion limit.
+        (f'{{"timestamp": {T}, "machine_id": "m1", "temp": {"7" * 5000}}}', "not valid JSON: Exceeds the limit"),
+        (f'{{"timestamp": {"7" * 5000}, "machine_id": "m1", "temp": 1}}', "not valid JSON: Exceeds the limit"),
+        ("[" * 100_000 + "]" * 100_000, "not valid JSON: nested too deeply"),
+        (f'{{"timestamp": {T}, "machine_id": "m1", "temp": ' + "[" * 900 + "]" * 900 + "}", "not a number"),
+        (f'{{"timestamp": {T}, "machine_id": "m\\u0000", "temp": 1}}', "is not an identifier"),
+        (f'{{"timestamp": {T}, "machine_id": "m1", "temp": 1}}\x00', "not valid JSON"),
+        ("null", "expected a JSON object, got NoneType"),
+        ('"text"', "expected a JSON object, got str"),
+        ("[1, 2]", "expected a JSON object, got int"),
+        (f'{{"timestamp": {T}, "machine_id": "m1", "temp": false}}', "is a boolean, not a number"),
+        (f'{{"timestamp": {T}, "machine_id": "m1", "temp": "1e3"}}', "is text, not a number"),
+        (f'{{"timestamp": {T}, "machine_id": "m1", "temp": {{"a": 1}}}}', "is a dict, not a number"),
+    ],
+)
+def test_json_records_that_used_to_raise_are_refused_with_a_reason(text: str, reason: str) -> None:
+    parser = RecordParser("mqtt", max_record_bytes=1 << 20)
+    for payload in (text, text.encode()):  # a file's line, an MQTT payload
+        records = parser.json_line(payload, 3)
+        assert records and all(isinstance(r, RowError) for r in records)
+        assert reason in records[0].reason, records[0].reason
+
+
+def test_json_payload_bytes_that_are_not_utf8_are_refused_and_a_bom_is_read() -> None:
+    parser = RecordParser("mqtt")
+    good = f'{{"timestamp": {T}, "machine_id": "m1", "temp": 1}}'
+    (latin1,) = parser.json_line(good.replace("m1", "m\xe9").encode("latin-1"), 1)
+    assert isinstance(latin1, RowError) and "not valid UTF-8" in latin1.reason
+    (utf16,) = parser.json_line(good.encode("utf-16"), 2)  # json.loads alone would take it
+    assert isinstance(utf16, RowError) and "not valid UTF-8" in utf16.reason
+    for payload in ("\ufeff" + good, ("\ufeff" + good).encode()):
+        (bom,) = parser.json_line(payload, 3)
+        assert isinstance(bom, Reading) and bom.values == (1.0,)
+
+
+BIG = ["1e308", "-1e308", "3.5e38", "-3.41e38", "1" * 400]
+
+
+@pytest.mark.parametrize("value", BIG)
+def test_a_value_beyond_float32_is_refused_on_every_csv_path_naming_sensor_and_value(value: str) -> None:
+    """A window holds float32: 1e308 is finite in float64 and was an infinity there (one machine's risk dropped
+    from 0.998 to 0.019)."""
+    good = f"{T},pump-1,1.5,2\n"
+    bad = f"{T + 1},pump-1,{value},2\n"
+    parser = RecordParser("t.csv")
+    layout = parser.csv_layout(HEADER)
+    row_by_row = parser.csv_row(layout, bad.strip().split(","), 9, bad.strip())
+    # csv_lines: the block path (every row usual) and the line-by-line shortcut (a known stamp and machine)
+    block = parser.csv_lines(layout, [good, bad, good.replace(f"{T}", f"{T + 2}")], 2)
+    shortcut = parser.csv_lines(layout, [good, good.replace("1.5", value), "x\n"], 2)
+    assert isinstance(block[0], Reading) and isinstance(block[2], Reading)
+    for refused in (row_by_row, block[1], shortcut[1]):
+        assert isinstance(refused, RowError), refused
+        assert f"sensor temp={value!r}"[:20] in refused.reason
+        assert ("float32" if "e" in value else "not a finite number") in refused.reason  # '1' * 400 reads as inf
+
+
+@pytest.mark.parametrize("value", [1e308, -3.5e38, 10**39, 10**400])
+def test_a_value_beyond_float32_is_refused_in_json_and_parquet_rows(value: float) -> None:
+    parser = RecordParser("x")
+    text = f'{{"timestamp": {T}, "machine_id": "m1", "temp": {value}}}'
+    (from_json,) = parser.json_line(text, 1)
+    from_parquet = parser.json_record({"timestamp": T, "machine_id": "m1", "temp": value}, 2, "", nan_is_missing=True)
+    for refused in (from_json, from_parquet):
+        assert isinstance(refused, RowError) and "sensor temp=" in refused.reason
+        assert "float32" in refused.reason or "is too large" in refused.reason
+    fits = parser.json_line(f'{{"timestamp": {T}, "machine_id": "m1", "temp": 3.4e38, "vib": -0.0}}', 3)[0]
+    assert isinstance(fits, Reading) and fits.values == (3.4e38, -0.0)
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        (f'{T},pump-1,"1",2\r3', "not a CSV line"),  # the csv module raises on a bare carriage return
+        (f'{T},pump-1,"{"1" * 200_000}",2', "not a CSV line"),  # and past its field size limit
+    ],
+)
+def test_csv_lines_the_csv_module_refuses_are_quarantined_not_raised(line: str, reason: str) -> None:
+    parser = RecordParser("t.csv")
+    layout = parser.csv_layout(HEADER)
+    good = f"{T},pump-1,1,2\n"
+    records = parser.csv_lines(layout, [good, line + "\n", good.replace(f"{T}", f"{T + 1}")], 2)
+    assert [type(r).__name__ for r in records] == ["Reading", "RowError", "Reading"]
+    assert isinstance(records[1], RowError) and reason in records[1].reason and records[1].line == 3
+    assert parser.csv_header("\ufeff" + ",".join(HEADER)).error is None  # a byte order mark before the header
+    assert "not a CSV line" in (parser.csv_header('timestamp,"machine_id",x\ry').error or "")

@@ -201,3 +201,110 @@ def test_tail_csv_blocks_give_what_line_by_line_gives_with_crlf_and_bad_lines_in
     offset = len(("timestamp,machine_id,temp,vib\r\n" + "".join(good[:2000])).encode())
     assert errors[0] == (offset, "sensor")
     assert [reason for _, reason in errors] == ["sensor", "timestamp='été'", "has", "machine_id='m", "not"]
+
+
+# --- a paced replay stopped during a pacing wait ---------------------------------------------------------------------
+
+
+def test_a_paced_replay_position_counts_only_the_readings_handed_on(tmp_path: Path) -> None:
+    """The reading held back during a pacing wait is not in the position: a stop there (SIGTERM) or a kill, then a
+    restart from the saved position, reads every reading exactly once (it lost one per stop before)."""
+    (tmp_path / "t.csv").write_text(HEADER + "".join(line(i) for i in range(12)))
+    spec = ReplaySource(telemetry=tmp_path / "t.csv", speedup=20.0, batch_rows=100)  # a reading every 50 ms
+    handed: list[float] = []
+    position = None
+    for _ in range(20):
+        stop = threading.Event()
+        for batch in FileReplay(spec).batches(position, stop):
+            handed += [i.values[0] for i in batch.items]
+            if batch.position is not None:
+                position = batch.position
+            if batch.items:
+                stop.set()  # stops in the pacing wait for the next reading, which is already taken from the file
+        if len(handed) >= 12:
+            break
+    assert handed == [float(i) for i in range(12)]
+    assert position == json.dumps({"items": 12})
+
+
+def test_a_paced_simulator_position_counts_only_the_items_handed_on() -> None:
+    spec = SimulatorSource(machines=2, duration="2h", interval="10m", seed=5, speedup=6000.0, batch_rows=50)
+    whole = [i for b in SimulatedFleet(spec).batches(None, threading.Event()) for i in b.items]
+    got: list[object] = []
+    position = None
+    for _ in range(len(whole)):  # a stop after each batch: one item a round, at least
+        if len(got) >= len(whole):
+            break
+        stop = threading.Event()
+        for batch in SimulatedFleet(spec).batches(position, stop):
+            got += batch.items
+            position = batch.position or position
+            if batch.items:
+                stop.set()
+    assert got == whole
+
+
+# --- replay never stops on what a row holds ----------------------------------------------------------------------
+
+
+def replayed(path: Path, **limits: object) -> list[object]:
+    from edge_agent.config import InputSpec
+
+    return [
+        i
+        for b in FileReplay(ReplaySource(telemetry=path), InputSpec(**limits)).batches(None, threading.Event())
+        for i in b.items
+    ]
+
+
+def test_replay_reads_a_csv_or_jsonl_file_with_a_byte_order_mark_and_a_blank_first_line(tmp_path: Path) -> None:
+    (tmp_path / "bom.csv").write_bytes(("\ufeff" + HEADER + line(0) + line(1)).encode())
+    (tmp_path / "blank.csv").write_text("\n" + HEADER + line(0) + line(1))
+    (tmp_path / "bom.jsonl").write_bytes(
+        (
+            "\ufeff"
+            + "".join(json.dumps({"timestamp": 1767225600 + i, "machine_id": "m1", "temp": i}) + "\n" for i in range(2))
+        ).encode()
+    )
+    for name in ("bom.csv", "blank.csv", "bom.jsonl"):
+        items = replayed(tmp_path / name)
+        assert [i.values[0] for i in items if isinstance(i, Reading)] == [0.0, 1.0], (name, items)
+        assert not [i for i in items if isinstance(i, RowError)], name
+
+
+def test_replay_quarantines_a_huge_line_and_bytes_that_are_not_utf8_and_reads_the_rest(tmp_path: Path) -> None:
+    huge = f"{1767225600 + 1},m1,{'9' * 5000}\n"
+    (tmp_path / "t.csv").write_bytes(
+        (HEADER + line(0) + huge + line(2)).encode() + b"1767225603,m\xe91,3\n" + line(4).encode()
+    )
+    items = replayed(tmp_path / "t.csv", max_record_bytes=1024)
+    assert [i.values[0] for i in items if isinstance(i, Reading)] == [0.0, 2.0, 4.0]
+    errors = [i for i in items if isinstance(i, RowError)]
+    assert [e.line for e in errors] == [3, 5]
+    assert "longer than max_record_bytes=1024" in errors[0].reason and "not valid UTF-8" in errors[1].reason
+    (tmp_path / "t.jsonl").write_bytes(
+        b'{"timestamp": 1767225600, "machine_id": "m1", "temp": 0}\n'
+        + b'{"timestamp": 1767225601, "machine_id": "m1", "temp": '
+        + b"7" * 5000
+        + b"}\n"
+        + b'{"timestamp": 1767225602, "machine_id": "m\xe9", "temp": 2}\n'
+        + b'{"timestamp": 1767225603, "machine_id": "m1", "temp": 3}'  # no newline at the end
+    )
+    items = replayed(tmp_path / "t.jsonl")
+    assert [i.values[0] for i in items if isinstance(i, Reading)] == [0.0, 3.0]
+    assert [type(i).__name__ for i in items] == ["Reading", "RowError", "RowError", "Reading"]
+
+
+def test_replay_quarantines_a_parquet_row_python_cannot_hold_and_reads_the_rest(tmp_path: Path) -> None:
+    table = pa.table(
+        {
+            "timestamp": pa.array([1767225600, 10**12, 1767225660], pa.timestamp("s")),  # the middle is year 33658
+            "machine_id": ["m1"] * 3,
+            "temp": [1.0, 2.0, 1e300],
+        }
+    )
+    pq.write_table(table, tmp_path / "t.parquet")
+    items = replayed(tmp_path / "t.parquet")
+    assert [type(i).__name__ for i in items] == ["Reading", "RowError", "RowError"]
+    assert "unreadable Parquet row" in items[1].reason  # type: ignore[union-attr]
+    assert "sensor temp=1e+300 is too large" in items[2].reason  # type: ignore[union-attr]

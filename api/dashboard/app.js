@@ -558,6 +558,19 @@ async function loadMachine(id, range) {
 // ---------------------------------------------------------------------------------------------------------------
 // Models: rollout per edge, versions and quality
 
+// Whether an edge proves who it is: its heartbeats verified against the enrolled-edges file, or flagged.
+function identityPills(identity) {
+  const pills = [];
+  if (identity.trust === "verified") pills.push(h("span", { class: "pill ok", text: "verified", title: "signed by a key enrolled for this edge" }));
+  if (identity.flags.includes("unsigned")) pills.push(h("span", { class: "pill degraded", dataset: { flag: "unsigned" }, text: "unsigned", title: "its newest heartbeat carries no signature: enroll it with `precursor edge enroll`" }));
+  if (identity.flags.includes("forged")) {
+    const last = identity.last_forged_at ? `last ${formatTime(ms(identity.last_forged_at))}: ${identity.last_forged_reason}` : "";
+    pills.push(h("span", { class: "pill failing", dataset: { flag: "forged" }, text: `forged × ${identity.forged}`, title: `heartbeats in its name that it did not sign; ${last}` }));
+  }
+  if (identity.flags.includes("unknown_model")) pills.push(h("span", { class: "pill failing", dataset: { flag: "unknown_model" }, text: "unknown model", title: "it runs a model whose hash is no release in the registry" }));
+  return pills.length ? pills : h("span", { class: "muted", text: "no heartbeat stored" });
+}
+
 function renderModels(rollout, versions, quality) {
   const known = [...new Set(versions.map((v) => v.model_version).concat(rollout.flatMap((e) => e.versions.map((v) => v.model_version))))].sort();
   const colour = (version) => PALETTE[known.indexOf(version) % PALETTE.length];
@@ -572,7 +585,7 @@ function renderModels(rollout, versions, quality) {
     const beat = e.heartbeat;
     return h(
       "article",
-      { class: "panel edge", dataset: { edge: e.edge_id, status: e.status } },
+      { class: "panel edge", dataset: { edge: e.edge_id, status: e.status, flags: e.identity.flags.join(" ") } },
       h("div", { class: "row" }, h("span", { class: "name mono", text: e.edge_id }), h("span", { class: `pill ${e.status}`, text: e.status === "current" ? "up to date" : e.status })),
       h(
         "dl",
@@ -587,6 +600,8 @@ function renderModels(rollout, versions, quality) {
         h("dd", {}, beat ? h("span", { class: `pill ${beat.health}`, text: beat.health }) : h("span", { class: "muted", text: "no heartbeat stored" })),
         beat ? h("dt", { text: "Heartbeat" }) : null,
         beat ? h("dd", { class: "num", text: `${formatTime(ms(beat.heartbeat_at))} · lag ${beat.lag_s.toFixed(1)} s · outbox ${beat.outbox_depth}` }) : null,
+        h("dt", { text: "Identity" }),
+        h("dd", { class: "identity" }, identityPills(e.identity)),
       ),
       stack,
       h("div", { class: "stack-legend" }, e.versions.map((v) => {
