@@ -136,6 +136,7 @@ class EdgeAgent:
         self._items_since_commit = 0
         self._oldest_pending: float | None = None
         self._last_snapshot = time.monotonic()
+        self._in_batch = False  # quarantined records are held until the batch ends (see handle_batch)
         self._recent: deque[Window] = deque(maxlen=config.updates.self_test.windows)
         self._recent_lock = threading.Lock()
         self.last_scoring_failure: float | None = None
@@ -157,6 +158,7 @@ class EdgeAgent:
         """Rebuild the open windows from the journal; returns each source's saved position."""
         if self.outbox is None or self.checkpoint is None:
             return {}
+        self.quarantine.recover(self.outbox.db)
         marks, readings, events = self.checkpoint.load()
         self.windows.restore(marks, readings, events)
         if readings or marks:
@@ -190,8 +192,18 @@ class EdgeAgent:
 
         When enough windows complete inside one batch, they are committed before the batch ends (so a burst of
         windows does not wait for the whole batch). Those commits leave the batch's position alone: after a crash the
-        batch is read again, and the readings and events already committed are dropped as repeats.
+        batch is read again, and the readings and events already committed are dropped as repeats. The batch's bad
+        records are held back from those commits and quarantined with the one that saves its position, so that a
+        record read again after a crash is not quarantined twice.
         """
+        self._in_batch = True
+        try:
+            self._handle_batch(batch)
+        finally:
+            self._in_batch = False
+        self.quarantine.release()
+
+    def _handle_batch(self, batch: SourceBatch) -> None:
         arrived = batch.arrived
         limit = self._clock() + self._max_future
         allowed = self.allowed_machines
@@ -270,9 +282,10 @@ class EdgeAgent:
         else:
             self._quarantine("unknown", repr(item)[:200], f"unexpected item type {type(item).__name__}", "invalid")
 
-    def _quarantine(self, source: str, raw: str, reason: str, kind: str | None = None) -> None:
+    def _quarantine(self, source: str, raw: str, reason: str, kind: str | None = None, *, held: bool = True) -> None:
+        """``held=False``: not a record of the batch being handled (a window the scorer refused), so not held."""
         self.stats.quarantined += 1
-        kind = self.quarantine.put(source, raw, reason, kind)
+        kind = self.quarantine.put(source, raw, reason, kind, held=held and self._in_batch)
         log.warning("quarantined %s: %s", source, reason, extra={"source": source, "kind": kind})
 
     def _refused(self, machine_id: str, t: float, raw: Callable[[], str]) -> bool:
@@ -359,15 +372,19 @@ class EdgeAgent:
                 self._last_snapshot = time.monotonic()
             if self._positions:
                 writers.append(position_writer(self._positions))
+            writers.append(self.quarantine.write)
             try:
                 self.outbox.commit(writers)
             except BaseException:
                 self.checkpoint.rolled_back()
+                self.quarantine.rolled_back()
                 raise
             self.checkpoint.committed()
+            self.quarantine.committed()
         else:
             assert self.sink is not None
             self.sink.flush()
+            self.quarantine.flush()
         done = time.monotonic()
         for arrived in self._committing:
             self.latency.add(done - arrived)
@@ -400,7 +417,11 @@ class EdgeAgent:
                 self.last_scoring_failure = time.monotonic()
                 for w in windows:
                     self._quarantine(
-                        w.machine_id, f"window ending {w.end.isoformat()}", f"scoring failed: {reason}", "scorer"
+                        w.machine_id,
+                        f"window ending {w.end.isoformat()}",
+                        f"scoring failed: {reason}",
+                        "scorer",
+                        held=False,
                     )
                 return
         scorer = running.scorer
@@ -417,7 +438,11 @@ class EdgeAgent:
         bad = {k: v for k, v in risk.items() if not (isinstance(v, float | int) and math.isfinite(v) and 0 <= v <= 1)}
         if bad:
             self._quarantine(
-                window.machine_id, repr(risk), f"scorer {scorer.name} returned invalid risk {bad}", "scorer"
+                window.machine_id,
+                repr(risk),
+                f"scorer {scorer.name} returned invalid risk {bad}",
+                "scorer",
+                held=False,
             )
             return None
         try:
@@ -438,7 +463,7 @@ class EdgeAgent:
                 },
             )
         except ContractError as err:
-            self._quarantine(window.machine_id, repr(risk), str(err), "scorer")
+            self._quarantine(window.machine_id, repr(risk), str(err), "scorer", held=False)
             return None
 
     def recent_windows(self) -> list[Window]:

@@ -9,6 +9,10 @@ The open windows are kept as a *snapshot* of every reading the window builder ho
 2,000. Every ``snapshot_every`` seconds a fresh snapshot replaces the old one and its deltas; readings no future
 window needs are gone from it, which bounds the journal. Each machine's last boundary (its *mark*) is a row of its
 own, and so is each event; events older than the lookback go, except each machine's latest maintenance of each part.
+
+The journal also counts the readings the window builder accepted, in the same transaction (``readings_accepted`` in
+the ``meta`` table): a reading read again after a crash is a repeat the builder refuses, so the count is exact, and
+with the quarantine's counts it accounts for every reading a source handed on (:func:`readings_accepted`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from edge_agent.records import Reading
 _machine, _time, _sensors, _values = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)  # of a Reading
 _MAGIC = b"PCJ1"
 _HEADER = struct.Struct("<4sII")  # magic, rows, bytes of machine ids
+_ACCEPTED = "readings_accepted"
 
 
 class ReadingColumns:
@@ -98,6 +103,8 @@ class WindowCheckpoint:
         self._new_layouts: list[tuple[int, str]] = []
         for layout_id, sensors in db.execute("SELECT id, sensors FROM window_layouts"):
             self._layouts[tuple(sensors.split(",")) if sensors else ()] = layout_id
+        self.accepted_total = readings_accepted(db)
+        """Readings the window builder accepted, over every run, as of the last commit."""
 
     # --- the journal the window builder talks to ----------------------------------------------------------------
 
@@ -148,7 +155,14 @@ class WindowCheckpoint:
             blob = self._pack(self._accepted)  # first: it may find new layouts
             self._write_layouts(db)
             db.execute("INSERT INTO window_deltas (readings) VALUES (?)", (blob,))
+            self._write_count(db)
         self._write_marks_and_events(db)
+
+    def _write_count(self, db: sqlite3.Connection) -> None:
+        db.execute(
+            "INSERT INTO meta (name, value) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            (_ACCEPTED, self.accepted_total + len(self._accepted)),
+        )
 
     def write_snapshot(self, db: sqlite3.Connection, held: Iterable[Reading]) -> None:
         """Replace the journal by the readings the builder holds now (inside the caller's transaction)."""
@@ -159,6 +173,7 @@ class WindowCheckpoint:
         db.execute("DELETE FROM window_deltas")
         db.execute("DELETE FROM window_snapshot")
         db.execute("INSERT INTO window_snapshot (id, readings) VALUES (1, ?)", (blob,))
+        self._write_count(db)
         self._write_marks_and_events(db)
         db.execute(
             "DELETE FROM window_events WHERE t < (SELECT m.emitted_until - ? FROM window_marks m "
@@ -184,6 +199,7 @@ class WindowCheckpoint:
 
     def committed(self) -> None:
         """The last write is durable: start collecting the next changes."""
+        self.accepted_total += len(self._accepted)
         self._accepted = []
         self._marks = {}
         self._events = []
@@ -214,6 +230,12 @@ class WindowCheckpoint:
             for machine_id, t, event in self.db.execute("SELECT machine_id, t, event FROM window_events ORDER BY t")
         ]
         return marks, readings, events
+
+
+def readings_accepted(db: sqlite3.Connection) -> int:
+    """How many readings the window builder accepted, over every run, as last committed."""
+    row = db.execute("SELECT value FROM meta WHERE name = ?", (_ACCEPTED,)).fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def read_positions(db: sqlite3.Connection) -> dict[str, str]:

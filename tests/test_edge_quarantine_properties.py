@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sqlite3
 import string
 import tempfile
 import time
@@ -16,10 +17,14 @@ from hypothesis import strategies as st
 
 from contracts.messages import Prediction, decode
 from edge_agent.agent import EdgeAgent
+from edge_agent.checkpoint import readings_accepted
 from edge_agent.config import EdgeConfig
 from edge_agent.outbox import Outbox
+from edge_agent.quarantine import Quarantine
 from edge_agent.records import RecordParser
 from edge_agent.scorers import load_scorer
+from edge_agent.sources import SourceBatch
+from edge_agent.statedb import open_state_db
 
 GOOD = ("good-1", "good-2")
 T0 = 1_767_225_600
@@ -85,7 +90,7 @@ bad_records = st.one_of(
 )
 
 
-def new_agent(state: Path) -> EdgeAgent:
+def new_agent(state: Path, batch_size: int = 16) -> EdgeAgent:
     config = EdgeConfig.from_dict(
         {
             "edge_id": "edge-p",
@@ -95,7 +100,8 @@ def new_agent(state: Path) -> EdgeAgent:
             "state_dir": str(state),
         }
     )
-    return EdgeAgent(config, load_scorer(config.model), Outbox(state / "outbox.sqlite", max_bytes=10**8))
+    outbox = Outbox(state / "outbox.sqlite", max_bytes=10**8)
+    return EdgeAgent(config, load_scorer(config.model), outbox, batch_size=batch_size)
 
 
 def feed(agent: EdgeAgent, lines: list[tuple[str, str]]) -> None:
@@ -156,3 +162,74 @@ def test_the_baseline_has_predictions_for_both_machines() -> None:
     assert len(baseline()) >= 2 * 10
     assert {m for m, _, _ in baseline()} == set(GOOD)
     assert datetime.fromisoformat(baseline()[0][1]) > datetime.fromtimestamp(T0, UTC)
+
+
+# --- exactly once across a crash ---------------------------------------------------------------------------------
+
+
+def committed(db: sqlite3.Connection, quarantine: Quarantine) -> None:
+    db.execute("BEGIN IMMEDIATE")
+    quarantine.write(db)
+    db.execute("COMMIT")
+    quarantine.committed()
+
+
+def killed_mid_commit(db: sqlite3.Connection, quarantine: Quarantine) -> None:
+    """What a process killed after writing the file, before its transaction committed, leaves behind."""
+    db.execute("BEGIN IMMEDIATE")
+    quarantine.write(db)
+    db.execute("ROLLBACK")
+    quarantine.close()
+
+
+def test_lines_written_past_the_last_commit_are_cut_off_at_the_next_start(tmp_path: Path) -> None:
+    db = open_state_db(tmp_path / "state.sqlite")
+    path = tmp_path / "quarantine.jsonl"
+    first = Quarantine(path, max_bytes=600)
+    first.recover(db)
+    first.put("a.csv:2", "x", "not valid JSON: Expecting value")
+    committed(db, first)
+    for n in range(3, 8):  # past max_bytes: the file rotates inside the commit that never happens
+        first.put(f"a.csv:{n}", "x" * 40, "sensor t='x' is not a number")
+    killed_mid_commit(db, first)
+    assert path.with_name("quarantine.jsonl.1").exists()
+
+    again = Quarantine(path, max_bytes=600)
+    again.recover(db)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [e["source"] for e in lines] == ["a.csv:2"]
+    assert again.counts == {"malformed": 1} and Quarantine.saved(db) == {"malformed": 1}
+    again.put("a.csv:3", "x", "sensor t='x' is not a number")
+    committed(db, again)
+    assert [json.loads(line)["source"] for line in path.read_text().splitlines()] == ["a.csv:2", "a.csv:3"]
+    assert Quarantine.saved(db) == {"malformed": 1, "wrong_type": 1}
+
+
+def test_a_batch_read_again_after_a_crash_is_quarantined_once_though_a_commit_came_mid_batch(tmp_path: Path) -> None:
+    """A burst of windows commits in the middle of a batch, without the batch's position; the crash comes before the
+    batch's own commit: the batch is read again. Its bad records are in the file once, and every reading is counted
+    as accepted once."""
+    parser = RecordParser("t.jsonl")
+    items = []
+    for k in range(24):
+        items += parser.json_line(json.dumps({"timestamp": T0 + 300 * k, "machine_id": "good-1", "temp": k}), k)
+        items += parser.json_line(f'{{"timestamp": {T0 + 300 * k}, "machine_id": "good-1", "temp": "hot"}}', 100 + k)
+    batch = SourceBatch("t", items, position=json.dumps({"items": len(items)}))
+
+    state = tmp_path / "state"
+    agent = new_agent(state, batch_size=1)  # every window commits at once: commits inside the batch
+    agent.restore()
+    agent.handle_batch(batch)
+    assert agent.stats.commits > 3
+    agent.outbox.db.close()  # type: ignore[union-attr]  # killed: no commit after the batch
+    agent.quarantine.close()
+
+    again = new_agent(state, batch_size=1)
+    positions = again.restore()
+    assert positions == {}  # the batch's position was never committed
+    again.handle_batch(batch)
+    again.commit()
+    entries = [json.loads(line)["source"] for line in (state / "quarantine.jsonl").read_text().splitlines()]
+    assert sorted(entries) == sorted(f"t.jsonl:{100 + k}" for k in range(24))
+    assert readings_accepted(again.outbox.db) == 24  # type: ignore[union-attr]
+    assert Quarantine.saved(again.outbox.db) == {"wrong_type": 24}  # type: ignore[union-attr]
