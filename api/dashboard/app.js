@@ -2,6 +2,7 @@
 // Plain ES modules, no framework, no external assets.
 
 import { drawChart, escapeHtml, formatTime } from "./chart.js";
+import { takeToken } from "./fragment.js";
 import { LiveTail } from "./live.js";
 
 const TOKEN_KEY = "precursor.token";
@@ -97,11 +98,10 @@ function showError(err) {
 // Authentication: the token comes from the URL fragment (never sent to the server) or the sign-in form.
 
 function takeTokenFromFragment() {
-  const match = location.hash.match(/(?:^#|&)token=([^&]+)/);
-  if (!match) return;
-  sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(match[1]));
-  const rest = location.hash.replace(/(^#|&)token=[^&]+/, "$1").replace(/^#&/, "#");
-  history.replaceState(null, "", rest === "#" || rest === "" ? "#/" : rest);
+  const { token, rest } = takeToken(location.hash);
+  if (token === null) return;
+  sessionStorage.setItem(TOKEN_KEY, token);
+  history.replaceState(null, "", rest);
 }
 
 function askForToken(message) {
