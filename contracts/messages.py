@@ -227,18 +227,35 @@ class KeyRotation(BaseModel):
 
 
 class ModelRelease(Message):
-    """A signed model published to the fleet. The edge verifies sha256 and signature before it loads anything."""
+    """A model published to the fleet, in a message signed as a whole by a release key.
+
+    ``signature`` and ``key_id`` are the artifact manifest's; ``release_signature`` by ``release_key_id`` covers every
+    other field of this message (:func:`models.releases.release_statement`), so the target, the version, the
+    artifact's location, when it was issued and when it expires cannot be changed or replayed elsewhere. ``keyring``
+    carries the key rotations since the edges' configured keys, so an edge that missed one still follows.
+    """
 
     version: Annotated[str, Field(min_length=1, max_length=64)]
     model_name: Identifier
     sha256: Sha256Hex
-    signature: Annotated[str, Field(min_length=1, description="base64 ed25519 signature of the artifact manifest")]
+    signature: Annotated[
+        str, Field(min_length=1, max_length=128, description="base64 ed25519 signature of the artifact manifest")
+    ]
     key_id: Identifier
     size_bytes: NonNegativeInt
-    artifact_uri: Annotated[str, Field(min_length=1)]
+    artifact_uri: Annotated[str, Field(min_length=1, max_length=4096)]
     target: Identifier = "fleet"
-    canary_edges: list[Identifier] = Field(default_factory=list)
-    released_at: UtcDatetime = Field(default_factory=lambda: datetime.now(UTC))
+    canary_edges: list[Identifier] = Field(default_factory=list, max_length=10_000)
+    released_at: UtcDatetime = Field(
+        default_factory=lambda: datetime.now(UTC), description="when the release was issued: its order per target"
+    )
+    expires_at: UtcDatetime | None = Field(
+        None, description="after this the release is stale and refused (a frozen feed cannot hold an edge back)"
+    )
+    rollback: bool = Field(False, description="a deliberate return to a lower version: the only way an edge takes one")
+    keyring: list[KeyRotation] = Field(default_factory=list, max_length=64)
+    release_key_id: Identifier | None = None
+    release_signature: SignatureB64 | None = None
 
 
 class Alert(Message):

@@ -20,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from edge_agent.config import ModelSpec
 from models.baselines import DriftZScore
+from models.releases import KEYRING_FILE, current_trust
 from models.scoring import Scorer
 from models.signing import load_public_keys
 
@@ -160,7 +161,8 @@ def load_running(spec: ModelSpec, state_file: Path) -> tuple[RunningModel, Runni
     """
     configured: RunningModel | None = None
     if state_file.is_file() and spec.trusted_keys:
-        keys = load_trusted_keys(spec.trusted_keys)
+        # The keys the updater trusts now: an update signed by a rotated-in key loads, and a revoked key stays revoked.
+        keys = current_trust(load_trusted_keys(spec.trusted_keys), state_file.parent / KEYRING_FILE).keys
         record = json.loads(state_file.read_text())
         loaded: list[RunningModel | None] = []
         for which in ("current", "previous"):

@@ -3,17 +3,24 @@
 For each :class:`~contracts.messages.ModelRelease` meant for this edge (its ``target`` is one of the edge's update
 targets, and ``canary_edges``, when set, names this edge):
 
-1. fetch the artifact its ``artifact_uri`` names (``file://`` folder or packed archive, or ``http(s)://`` archive),
+1. check the release message itself (:mod:`models.releases`): follow the key rotations it carries, check its
+   signature as a whole by a trusted key and that it has not expired, and that it does not go back on what this edge
+   accepted for its target (an older issue, a lower version unless signed as a rollback, another artifact under an
+   accepted version; the ledger survives restarts); a repeat of the accepted release is a logged no-op;
+2. fetch the artifact its ``artifact_uri`` names (``file://`` folder or packed archive, or ``http(s)://`` archive),
    bounded by ``updates.max_bytes``, into a staging folder;
-2. verify it against the release: the manifest's sha256 is the release's, the ed25519 signature is by a key in the
-   config's ``trusted_keys``, every file matches the manifest (:func:`models.registry.verify_release`);
-3. load it beside the running model;
-4. self-test it on the agent's recent windows: it scores them without error, every risk is a probability, it reads
+3. verify it against the release: the manifest's sha256 is the release's, the ed25519 signature is by a trusted key,
+   every file matches the manifest (:func:`models.registry.verify_release`);
+4. load it beside the running model;
+5. self-test it on the agent's recent windows: it scores them without error, every risk is a probability, it reads
    enough of the sensors this edge has, and it is fast enough;
-5. swap it in atomically, keeping the old one for rollback, and send a heartbeat with the new version.
+6. swap it in atomically, keeping the old one for rollback, and send a heartbeat with the new version.
 
-Anything that fails is refused with a logged reason (and remembered, so the same release is not tried again), and
-the old model keeps serving. A model that later fails while scoring is rolled back by the agent.
+Anything that fails is refused with a logged reason and the old model keeps serving. A refusal of a genuine release
+whose artifact failed is remembered by the digest of that exact message (so it is not fetched again, and a tampered
+copy can never shadow the genuine one); a fetch that failed is retried. A model that later fails while scoring is
+rolled back by the agent, and no release of it is taken again. Whatever a record holds, the follower logs why it
+skips it and moves on.
 """
 
 from __future__ import annotations
@@ -27,27 +34,52 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from pydantic import AwareDatetime, BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from contracts.messages import ContractError, ModelRelease, decode
 from edge_agent.config import EdgeConfig, SelfTestSpec
 from edge_agent.scorers import RunningModel, ScorerSlot, load_lm, load_trusted_keys
-from models.registry import ArtifactError, unpack, verify_release
+from models.registry import ArtifactError, unpack, verify_release, version_sort_key
+from models.releases import (
+    KEYRING_FILE,
+    ExpiredReleaseError,
+    KeyRotationError,
+    check_not_expired,
+    current_trust,
+    load_keyring,
+    release_digest,
+    save_keyring,
+    verify_release_statement,
+)
 from models.scoring import ANY_FAILURE, Scorer, Window
 from models.signing import SignatureError
 
 log = logging.getLogger("precursor.edge.updates")
 
 REFUSED_FILE = "refused.json"
+RELEASES_FILE = "releases.json"
+RELEASE_PREFIX = "release:"
+MAX_RELEASE_BYTES = 1 << 20
+"""A release message is a few kilobytes; a record past this is refused before it is parsed."""
+RETRY_S = 30.0
+"""How long after a failed fetch the follower tries the same release again (unless a newer one came)."""
 
 
 class UpdateRefused(Exception):
-    """A release the edge will not run; the text says why."""
+    """A release the edge will not run; the text says why. ``lasting``: the same release would fail again (a fetch
+    that failed is not lasting: the link or the server may be back later)."""
+
+    def __init__(self, reason: str, *, lasting: bool = True) -> None:
+        super().__init__(reason)
+        self.lasting = lasting
 
 
 @dataclass(frozen=True)
@@ -56,6 +88,20 @@ class UpdateOutcome:
     applied: bool
     reason: str
     seconds: float
+    retry: bool = False
+
+
+class AcceptedRelease(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_name: str
+    version: str
+    sha256: str
+    digest: str
+    released_at: AwareDatetime
+
+
+_LEDGER = TypeAdapter(dict[str, AcceptedRelease])
 
 
 def self_test(scorer: Scorer, windows: Sequence[Window], *, sensors: Sequence[str] | None, spec: SelfTestSpec) -> None:
@@ -119,8 +165,82 @@ def model_sensors(artifact: Path) -> list[str] | None:
         return None
 
 
+class ReleaseLedger:
+    """The newest release this edge accepted per target, kept in ``releases.json`` so it survives restarts: the edge
+    never goes back to an older one, and never takes another artifact under a version it already accepted."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.accepted: dict[str, AcceptedRelease] = self._load()
+
+    def _load(self) -> dict[str, AcceptedRelease]:
+        try:
+            return _LEDGER.validate_json(self.path.read_bytes())
+        except FileNotFoundError:
+            return {}
+        except ValidationError as err:
+            # Written atomically, so only a hand edit or a disk fault gets here; signatures and expiry still hold.
+            log.error("model updates: %s is unreadable (%s); starting without accepted releases", self.path, err)
+            return {}
+
+    def check(self, release: ModelRelease, digest: str) -> str | None:
+        """Why taking ``release`` is a no-op (a repeat of the accepted one), None to go on, or
+        :class:`UpdateRefused` when it would go back: older, a downgrade, or another artifact under one version."""
+        accepted = self.accepted.get(release.target)
+        if accepted is None:
+            return None
+        this = f"{release.version} (issued {release.released_at.isoformat()})"
+        that = f"{accepted.version} (issued {accepted.released_at.isoformat()})"
+        if digest == accepted.digest:
+            return f"a repeat of the release accepted for target {release.target!r}: nothing to do"
+        if release.released_at < accepted.released_at:
+            raise UpdateRefused(
+                f"replayed or stale: release {this} is older than release {that}, accepted for target "
+                f"{release.target!r}"
+            )
+        if release.released_at == accepted.released_at:
+            raise UpdateRefused(
+                f"release {this} differs from release {that}, accepted for target {release.target!r} with the same "
+                "issue time"
+            )
+        older = version_sort_key(release.version) < version_sort_key(accepted.version)
+        if older and not release.rollback:
+            raise UpdateRefused(
+                f"downgrade: version {release.version} is older than version {accepted.version}, accepted for target "
+                f"{release.target!r}; only a release signed as a rollback goes back"
+            )
+        if release.version == accepted.version and release.sha256 != accepted.sha256:
+            raise UpdateRefused(
+                f"version {release.version} was accepted for target {release.target!r} with artifact "
+                f"{accepted.sha256[:12]}; this release of version {release.version} has another ({release.sha256[:12]})"
+            )
+        return None
+
+    def accept(self, release: ModelRelease, digest: str) -> None:
+        self.accepted[release.target] = AcceptedRelease(
+            model_name=release.model_name,
+            version=release.version,
+            sha256=release.sha256,
+            digest=digest,
+            released_at=release.released_at,
+        )
+        _write_atomically(self.path, _LEDGER.dump_json(self.accepted, indent=1))
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    temp = path.with_name(f".{path.name}.tmp")
+    temp.write_bytes(data)
+    temp.replace(path)
+
+
 class ModelUpdater:
-    """Applies releases to a :class:`ScorerSlot`; the thread that follows Kafka calls :meth:`apply`."""
+    """Applies releases to a :class:`ScorerSlot`; the thread that follows Kafka calls :meth:`apply`.
+
+    Every release is judged in this order, and every outcome is logged with its reason: meant for this edge; not
+    refused before (remembered by :func:`~models.releases.release_digest`, so a tampered copy never shadows the
+    genuine release); key rotations it carries; its signature as a whole; not expired; not older than what was
+    accepted for its target; its model never failed here; then fetch, verify, load, self-test and swap.
+    """
 
     def __init__(
         self,
@@ -135,11 +255,18 @@ class ModelUpdater:
         self.on_change = on_change
         self.models_dir = config.state_dir / "models"
         self.models_dir.mkdir(parents=True, exist_ok=True)
-        self.trusted_keys = load_trusted_keys(config.model.trusted_keys)
+        self.trust = current_trust(load_trusted_keys(config.model.trusted_keys), self.models_dir / KEYRING_FILE)
+        self.ledger = ReleaseLedger(self.models_dir / RELEASES_FILE)
         self.refused: dict[str, str] = self._load_refused()
         self._lock = threading.Lock()
         self.applied = 0
         self.last_refusal: str | None = None
+        self.outcomes: deque[UpdateOutcome] = deque(maxlen=100)
+
+    @property
+    def trusted_keys(self) -> dict[str, Ed25519PublicKey]:
+        """The keys that sign releases and artifacts now: the configured ones, moved on by accepted rotations."""
+        return self.trust.keys
 
     def _load_refused(self) -> dict[str, str]:
         path = self.models_dir / REFUSED_FILE
@@ -149,69 +276,123 @@ class ModelUpdater:
             return {}
 
     def model_failed(self, model: RunningModel, reason: str) -> None:
-        """A model that was running failed (and was rolled back): its release is not to be taken again."""
+        """A model that was running failed (and was rolled back): no release of its artifact is taken again."""
         if model.sha256 is not None:
-            self._remember(model.sha256, f"{model.label}: failed while running: {reason}")
+            self.last_refusal = f"{model.label}: failed while running: {reason}"
+            self._remember(model.sha256, self.last_refusal)
 
-    @staticmethod
-    def release_key(release: ModelRelease) -> str:
-        """What a refusal is remembered by: the artifact's hash and the signature that came with it (a forged
-        release of a good artifact must not block the genuine one)."""
-        return f"{release.sha256}:{release.key_id}:{release.signature}"
-
-    def _remember_refusal(self, release: ModelRelease, reason: str) -> None:
-        self._remember(self.release_key(release), f"{release.model_name} {release.version}: {reason}", reason)
-
-    def _remember(self, sha256: str, description: str, reason: str | None = None) -> None:
+    def _remember(self, key: str, description: str) -> None:
         with self._lock:  # the updater's thread refuses releases, the agent's thread reports failed models
-            self.refused[sha256] = reason or description
-            self.last_refusal = description
-            path = self.models_dir / REFUSED_FILE
-            temp = path.with_suffix(".tmp")
-            temp.write_text(json.dumps(self.refused, indent=1))
-            temp.replace(path)
+            self.refused[key] = description
+            _write_atomically(self.models_dir / REFUSED_FILE, json.dumps(self.refused, indent=1).encode())
 
     def concerns_us(self, release: ModelRelease) -> str | None:
-        """Why this edge skips the release, or None if it should apply it."""
+        """Why this edge skips the release without looking further, or None if it is meant for this edge."""
         edge_id = self.config.edge_id
         if release.target not in self.config.updates.targets and release.target != edge_id:
             return f"target {release.target!r} is not one of this edge's ({', '.join(self.config.updates.targets)})"
         if release.canary_edges and edge_id not in release.canary_edges:
             return "a canary release for other edges"
-        if release.sha256 == self.slot.running.sha256:
-            return "already running"
-        for key in (release.sha256, self.release_key(release)):  # a model that failed running, or this release
-            if key in self.refused:
-                return f"refused before: {self.refused[key]}"
         return None
+
+    def _check_statement(self, release: ModelRelease) -> None:
+        """Follow the key rotations the release carries, then check its signature and expiry; raise
+        :class:`UpdateRefused` naming what is wrong."""
+        try:
+            trust = self.trust.follow(release.keyring)
+        except KeyRotationError as err:
+            raise UpdateRefused(f"key rotation refused: {err}") from None
+        if trust.version != self.trust.version:
+            revoked = sorted(set(self.trust.keys) - set(trust.keys))
+            kept = [r for r in release.keyring if r.version <= trust.version]
+            known = {r.version: r for r in load_keyring(self.models_dir / KEYRING_FILE)}
+            save_keyring(
+                self.models_dir / KEYRING_FILE,
+                sorted({**known, **{r.version: r for r in kept}}.values(), key=lambda r: r.version),
+            )
+            log.warning(
+                "model updates: keys rotated from %s to %s; revoked: %s",
+                self.trust.describe(),
+                trust.describe(),
+                ", ".join(revoked) or "none",
+            )
+            self.trust = trust
+        try:
+            verify_release_statement(release, self.trust.keys)
+        except SignatureError as err:
+            raise UpdateRefused(f"signature check failed: {err}") from None
+        try:
+            check_not_expired(release)
+        except ExpiredReleaseError as err:
+            raise UpdateRefused(f"expired: {err}") from None
 
     def apply(self, release: ModelRelease) -> UpdateOutcome:
         started = time.monotonic()
         skip = self.concerns_us(release)
         if skip is not None:
-            log.debug("release %s %s skipped: %s", release.model_name, release.version, skip)
-            return UpdateOutcome(release, False, skip, time.monotonic() - started)
+            return self._done(release, started, applied=False, reason=skip)
+        digest = release_digest(release)
+        remembered = self.refused.get(f"{RELEASE_PREFIX}{digest}")
+        if remembered is not None:
+            return self._done(release, started, applied=False, reason=f"refused before: {remembered}")
+        try:
+            self._check_statement(release)
+            failed = self.refused.get(release.sha256)
+            if failed is not None:
+                raise UpdateRefused(f"its model failed here before: {failed}")
+            repeat = self.ledger.check(release, digest)
+        except UpdateRefused as err:
+            return self._done(release, started, applied=False, reason=str(err), refused=True)
+        if repeat is not None:
+            return self._done(release, started, applied=False, reason=repeat)
+        if release.sha256 == self.slot.running.sha256:
+            self.ledger.accept(release, digest)
+            return self._done(release, started, applied=False, reason="already running")
         fields = {"model_name": release.model_name, "model_version": release.version, "model_sha256": release.sha256}
         log.info("model release %s %s: fetching and verifying", release.model_name, release.version, extra=fields)
         try:
             new = self._prepare(release)
             old = self.slot.swap(new)
         except UpdateRefused as err:
-            reason = str(err)
-            self._remember_refusal(release, reason)
-            log.error(
-                "model update refused, %s keeps serving: %s",
-                self.slot.running.label,
-                reason,
-                extra={**fields, "reason": reason},
-            )
-            return UpdateOutcome(release, False, reason, time.monotonic() - started)
+            if err.lasting:  # the same bytes would fail the same way; a fetch that failed may work later
+                self._remember(f"{RELEASE_PREFIX}{digest}", f"{release.model_name} {release.version}: {err}")
+            return self._done(release, started, applied=False, reason=str(err), refused=True, retry=not err.lasting)
+        self.ledger.accept(release, digest)
         self.applied += 1
         self._prune(keep={new.artifact, old.artifact})
         self.on_change()
-        seconds = time.monotonic() - started
-        log.info("model update applied in %.2f s", seconds, extra={**fields, "seconds": round(seconds, 3)})
-        return UpdateOutcome(release, True, "applied", seconds)
+        return self._done(release, started, applied=True, reason="applied")
+
+    def _done(
+        self,
+        release: ModelRelease,
+        started: float,
+        *,
+        applied: bool,
+        reason: str,
+        refused: bool = False,
+        retry: bool = False,
+    ) -> UpdateOutcome:
+        outcome = UpdateOutcome(release, applied, reason, time.monotonic() - started, retry=retry)
+        self.outcomes.append(outcome)
+        fields = {
+            "model_name": release.model_name,
+            "model_version": release.version,
+            "model_sha256": release.sha256,
+            "reason": reason,
+        }
+        if applied:
+            log.info(
+                "model update applied in %.2f s",
+                outcome.seconds,
+                extra={**fields, "seconds": round(outcome.seconds, 3)},
+            )
+        elif refused:
+            self.last_refusal = f"{release.model_name} {release.version}: {reason}"
+            log.error("model update refused, %s keeps serving: %s", self.slot.running.label, reason, extra=fields)
+        else:
+            log.info("model release %s %s skipped: %s", release.model_name, release.version, reason, extra=fields)
+        return outcome
 
     def _prepare(self, release: ModelRelease) -> RunningModel:
         if release.size_bytes > self.config.updates.max_bytes:
@@ -271,7 +452,7 @@ class ModelUpdater:
                 elif source.is_file():
                     unpack(source, target, max_bytes=self.config.updates.max_bytes)
                 else:
-                    raise UpdateRefused(f"artifact_uri {release.artifact_uri}: no such file or folder")
+                    raise UpdateRefused(f"artifact_uri {release.artifact_uri}: no such file or folder", lasting=False)
             elif uri.scheme in ("http", "https"):
                 archive = staging / "artifact.tar"
                 self._download(release.artifact_uri, archive)
@@ -284,7 +465,7 @@ class ModelUpdater:
             raise UpdateRefused(f"cannot unpack the artifact: {err}") from None
         except OSError as err:
             shutil.rmtree(staging, ignore_errors=True)
-            raise UpdateRefused(f"cannot fetch {release.artifact_uri}: {err}") from None
+            raise UpdateRefused(f"cannot fetch {release.artifact_uri}: {err}", lasting=False) from None
         except UpdateRefused:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -314,7 +495,8 @@ class ModelUpdater:
 
 class UpdateFollower(threading.Thread):
     """Reads the model-updates topic from its beginning (it is compacted: the latest release per key) and applies
-    each new release. Keeps retrying while the broker is away."""
+    each new release. Keeps retrying while the broker is away, retries a release whose fetch failed, and outlives any
+    record: :meth:`handle` logs why it skips one and never raises."""
 
     def __init__(self, config: EdgeConfig, updater: ModelUpdater, stop: threading.Event) -> None:
         super().__init__(name="model-updates", daemon=True)
@@ -322,6 +504,8 @@ class UpdateFollower(threading.Thread):
         self.updater = updater
         self.stop_event = stop
         self.releases_seen = 0
+        self.records_skipped = 0
+        self._retry: dict[bytes | None, tuple[bytes, float]] = {}
 
     def run(self) -> None:
         from kafka import KafkaConsumer, TopicPartition
@@ -348,27 +532,74 @@ class UpdateFollower(threading.Thread):
                 backoff = 1.0
                 while not self.stop_event.is_set():
                     polled = consumer.poll(timeout_ms=poll_ms)
-                    latest: dict[bytes | None, bytes] = {}
+                    latest: dict[bytes | None, bytes | None] = {}
                     for records in polled.values():
                         for record in records:
                             latest[record.key] = record.value  # a compacted topic: only the last per key counts
-                    for value in latest.values():
-                        self._handle(value)
+                    for key, value in latest.items():
+                        self._retry.pop(key, None)  # a newer record for this key replaces a pending retry
+                        self._handle_keyed(key, value)
+                    now = time.monotonic()
+                    for key, (value, due) in list(self._retry.items()):
+                        if due <= now:
+                            del self._retry[key]
+                            self._handle_keyed(key, value)
             except (KafkaError, OSError) as err:
                 log.info("model updates: %s; retrying in %.0f s", err, backoff)
                 self.stop_event.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
+            except Exception as err:  # a client fault must not end the thread: nothing would update this edge again
+                log.exception("model updates: %s: %s; starting again in %.0f s", type(err).__name__, err, backoff)
+                self.stop_event.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
             finally:
                 if consumer is not None:
-                    consumer.close()
+                    try:
+                        consumer.close()
+                    except Exception as err:  # closing a broken client must not end the thread either
+                        log.warning("model updates: closing the consumer: %s: %s", type(err).__name__, err)
 
-    def _handle(self, value: bytes | None) -> None:
+    def _handle_keyed(self, key: bytes | None, value: bytes | None) -> None:
+        outcome = self.handle(value)
+        if outcome is not None and outcome.retry and value is not None:
+            self._retry[key] = (value, time.monotonic() + RETRY_S)
+
+    def handle(self, value: bytes | None) -> UpdateOutcome | None:
+        """Apply or refuse one record of the topic, whatever it holds; the outcome, or None for a record that is not
+        a release (logged with the reason). Never raises."""
         if value is None:
-            return  # a tombstone
+            log.info("model updates: a tombstone (a deleted release), nothing to apply")
+            return None
         self.releases_seen += 1
         try:
-            release = decode(ModelRelease, value)
+            if not isinstance(value, bytes | bytearray | memoryview):
+                raise ContractError(f"ModelRelease: a record value of type {type(value).__name__}, not bytes")
+            if len(value) > MAX_RELEASE_BYTES:
+                raise ContractError(
+                    f"ModelRelease: a record of {len(value)} bytes, over the {MAX_RELEASE_BYTES} a release can be"
+                )
+            release = decode(ModelRelease, bytes(value))
         except ContractError as err:
-            log.error("model updates: a record that is not a ModelRelease was ignored: %s", err)
-            return
-        self.updater.apply(release)
+            self.records_skipped += 1
+            log.error("model updates: a record that is not a ModelRelease was skipped: %s", _short(str(err)))
+            return None
+        except Exception as err:  # what a hostile record trips in the JSON reader (depth, digits) must not stop us
+            self.records_skipped += 1
+            log.error("model updates: an unreadable record was skipped: %s: %s", type(err).__name__, _short(str(err)))
+            return None
+        try:
+            return self.updater.apply(release)
+        except Exception as err:  # a fault in one release (disk full, a loader bug) must not stop the next one
+            self.records_skipped += 1
+            log.exception(
+                "model updates: release %s %s failed unexpectedly and was skipped: %s: %s",
+                release.model_name,
+                release.version,
+                type(err).__name__,
+                _short(str(err)),
+            )
+            return None
+
+
+def _short(text: str, limit: int = 500) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
