@@ -8,8 +8,8 @@ config file) and every producer and consumer picks them up; no code changes. Sec
 ...                   sasl_mechanism="PLAIN", sasl_plain_username="edge", sasl_plain_password="hunter2")
 >>> "hunter2" in repr(s)
 False
->>> s.client_kwargs()["sasl_plain_password"]
-'hunter2'
+>>> s.client_kwargs()["sasl_plain_password"] == "hunter2", "hunter2" in repr(s.client_kwargs())
+(True, False)
 >>> s.client_kwargs()["bootstrap_servers"]
 ['k1:9093', 'k2:9093']
 """
@@ -23,6 +23,16 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.topics import Topics
+
+
+class _Concealed(str):
+    """A secret as a client library needs it, a ``str``, but with a repr that hides it: kafka-python's admin client
+    logs its whole configuration (passwords included) at DEBUG."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "'**********'"
 
 
 class KafkaSettings(BaseSettings):
@@ -75,14 +85,14 @@ class KafkaSettings(BaseSettings):
         if self.sasl_plain_username:
             kwargs["sasl_plain_username"] = self.sasl_plain_username
         if self.sasl_plain_password:
-            kwargs["sasl_plain_password"] = self.sasl_plain_password.get_secret_value()
+            kwargs["sasl_plain_password"] = _Concealed(self.sasl_plain_password.get_secret_value())
         if self.security_protocol in ("SSL", "SASL_SSL"):
             kwargs["ssl_check_hostname"] = self.ssl_check_hostname
             for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
                 if getattr(self, name):
                     kwargs[name] = getattr(self, name)
             if self.ssl_password:
-                kwargs["ssl_password"] = self.ssl_password.get_secret_value()
+                kwargs["ssl_password"] = _Concealed(self.ssl_password.get_secret_value())
         return kwargs
 
 

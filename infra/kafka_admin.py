@@ -9,23 +9,43 @@ a production cluster once the settings point there.
 
 from __future__ import annotations
 
+import logging
 import socket
+import ssl
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from kafka.admin import KafkaAdminClient
-from kafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+from kafka.admin import (
+    ACL,
+    ACLOperation,
+    ACLPermissionType,
+    KafkaAdminClient,
+    ResourcePattern,
+    ResourceType,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError, for_code
+from pydantic import SecretStr
 
 from contracts.settings import KafkaSettings
-from contracts.topics import TopicSpec
+from contracts.topics import Topics, TopicSpec
 
 DEFAULT_KAFKA_PORT = 9092
 
 
 class TopicSetupError(RuntimeError):
     """The cluster refused to create a topic; the message names the topic and the broker's reason."""
+
+
+class KafkaAccessError(ConnectionError):
+    """A client could not get in: TLS refused, login refused, or nothing answering. The message says which."""
+
+
+class AccessSetupError(RuntimeError):
+    """The cluster refused a user's credential or an ACL; the message names which and the broker's reason."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +117,84 @@ def broker_reachable(settings: KafkaSettings, timeout_s: float = 2.0) -> bool:
     return True
 
 
+class _BootstrapFailures(logging.Handler):
+    """kafka-python retries a refused login or TLS handshake until its bootstrap deadline and then raises only
+    ``Unable to bootstrap``; the reason of each attempt is in its warnings, so these are kept to name it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.reasons: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg.startswith("Bootstrap connection to") and isinstance(record.args, tuple) and record.args[1:]:
+            self.reasons.append(str(record.args[1]))
+
+
+def _tls_handshake(settings: KafkaSettings, timeout_s: float) -> str | None:
+    """Why a TLS handshake with the first bootstrap server fails under ``settings``, or None when it succeeds."""
+    context = ssl.create_default_context(cafile=settings.ssl_cafile)
+    context.check_hostname = settings.ssl_check_hostname
+    if settings.ssl_certfile:
+        password = settings.ssl_password.get_secret_value() if settings.ssl_password else None
+        context.load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile, password)
+    host, port = split_host_port(settings.servers[0])
+    try:
+        with (
+            socket.create_connection((host, port), timeout=timeout_s) as raw,
+            context.wrap_socket(raw, server_hostname=host),
+        ):
+            return None
+    except (ssl.SSLError, OSError) as err:
+        return f"TLS handshake failed: {err}"
+
+
+def _why_closed(settings: KafkaSettings, timeout_s: float) -> str:
+    """A name for "the broker closed the connection": kafka-python may drop the broker's last answer (a login
+    refusal) when the close arrives in the same read, so the phase that failed is found out here instead."""
+    protocol = settings.security_protocol
+    if protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):
+        return f"the broker closed the connection unanswered: does its listener expect TLS, not {protocol}?"
+    refused_tls = _tls_handshake(settings, timeout_s)
+    if refused_tls is not None:
+        return refused_tls
+    if protocol == "SASL_SSL":
+        return (
+            f"TLS succeeded, then the broker closed the connection during the SASL {settings.sasl_mechanism} login "
+            f"as {settings.sasl_plain_username}: a wrong password, an unknown user, or a mechanism it does not enable"
+        )
+    return "TLS succeeded, then the broker closed the connection: does it expect SASL or a client certificate?"
+
+
+def check_access(settings: KafkaSettings, timeout_s: float = 5.0) -> None:
+    """Log in as ``settings`` say and fetch the cluster's metadata; raise :class:`KafkaAccessError` naming why not.
+
+    For the reasons a client alone cannot mend (a certificate its CA file does not vouch for, a wrong password, a
+    plaintext client at a TLS listener) kafka-python only says it could not bootstrap; this says what went wrong.
+    """
+    if not _any_port_open(settings.servers, time.monotonic() + timeout_s):
+        raise KafkaAccessError(f"nothing accepts connections at {settings.bootstrap_servers}")
+    failures = _BootstrapFailures()
+    kafka_log = logging.getLogger("kafka.net.manager")
+    kafka_log.addHandler(failures)
+    try:
+        with admin_client(settings, timeout_s) as admin:
+            admin.list_topics()
+    except KafkaTimeoutError:
+        named = [r for r in failures.reasons if "socket disconnected" not in r]
+        if named:
+            reason = named[-1]
+        elif failures.reasons:
+            reason = _why_closed(settings, timeout_s)
+        else:
+            reason = "no answer in time"
+        who = f" as {settings.sasl_plain_username}" if settings.sasl_plain_username else ""
+        raise KafkaAccessError(
+            f"cannot use Kafka at {settings.bootstrap_servers} over {settings.security_protocol}{who}: {reason}"
+        ) from None
+    finally:
+        kafka_log.removeHandler(failures)
+
+
 def _check_specs(specs: list[TopicSpec]) -> None:
     by_name: dict[str, TopicSpec] = {}
     for spec in specs:
@@ -157,3 +255,65 @@ def list_topics(settings: KafkaSettings, timeout_s: float = 10.0) -> list[str]:
     """Names of the cluster's topics, internal ones (``__consumer_offsets``) left out, sorted."""
     with admin_client(settings, timeout_s) as admin:
         return sorted(name for name in admin.list_topics() if not name.startswith("__"))
+
+
+def missing_topics(settings: KafkaSettings, names: Iterable[str], timeout_s: float = 5.0) -> list[str]:
+    """Which of ``names`` the cluster does not have, sorted (a producer would only log, again and again, that it
+    cannot find them). Raises :class:`KafkaError` or :class:`OSError` when the cluster does not answer."""
+    with admin_client(settings, timeout_s) as admin:
+        present = set(admin.list_topics())
+    return sorted(set(names) - present)
+
+
+def add_scram_users(
+    settings: KafkaSettings, users: Mapping[str, SecretStr], *, iterations: int = 8192, timeout_s: float = 30.0
+) -> None:
+    """Create (or change) SCRAM-SHA-512 users through the Admin API, as a super user.
+
+    The client salts and hashes each password itself: what travels, even inside TLS, is the salted form.
+    """
+    upsertions = [
+        UserScramCredentialUpsertion(name, ScramMechanism.SCRAM_SHA_512, password.get_secret_value(), iterations)
+        for name, password in users.items()
+    ]
+    if not upsertions:
+        return
+    with admin_client(settings, timeout_s) as admin:
+        refused = {user: reason for user, reason in admin.alter_user_scram_credentials(upsertions).items() if reason}
+    if refused:
+        raise AccessSetupError(
+            "the cluster refused SCRAM credentials for " + "; ".join(f"{u}: {r}" for u, r in sorted(refused.items()))
+        )
+
+
+def edge_acls(topics: Topics, user: str, group: str) -> list[ACL]:
+    """Everything one edge may do, and nothing more: write what an edge publishes under this prefix (predictions,
+    events, heartbeats, telemetry) and read model releases, in its own consumer group. Alerts, the dead-letter
+    topic, model releases (writing them) and every other prefix stay closed to it.
+
+    >>> sorted((a.operation.name, a.resource_pattern.resource_name) for a in edge_acls(Topics("t"), "e1", "g1"))[:3]
+    [('DESCRIBE', 't.events'), ('DESCRIBE', 't.heartbeats'), ('DESCRIBE', 't.model-updates')]
+    """
+    principal = f"User:{user}"
+
+    def allow(operation: ACLOperation, kind: ResourceType, name: str) -> ACL:
+        return ACL(principal, "*", operation, ACLPermissionType.ALLOW, ResourcePattern(kind, name))
+
+    published = (topics.predictions, topics.events, topics.heartbeats, topics.telemetry)
+    return [
+        *(allow(op, ResourceType.TOPIC, t) for t in published for op in (ACLOperation.WRITE, ACLOperation.DESCRIBE)),
+        allow(ACLOperation.READ, ResourceType.TOPIC, topics.model_updates),
+        allow(ACLOperation.DESCRIBE, ResourceType.TOPIC, topics.model_updates),
+        allow(ACLOperation.READ, ResourceType.GROUP, group),
+    ]
+
+
+def grant_acls(settings: KafkaSettings, acls: Iterable[ACL], *, timeout_s: float = 30.0) -> None:
+    """Create ACLs (a super user's job). Granting one that exists already is not an error."""
+    wanted = list(acls)
+    if not wanted:
+        return
+    with admin_client(settings, timeout_s) as admin:
+        result = admin.create_acls(wanted)
+    if result["failed"]:
+        raise AccessSetupError(f"the cluster refused {len(result['failed'])} ACLs: {result['failed']}")

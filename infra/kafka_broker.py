@@ -13,6 +13,11 @@ Everything the broker needs lives under one state folder (``.state/`` in the cur
 ``down`` stops a process only after checking that its command line is ``kafka.Kafka`` with this state folder's
 properties file, so it never touches another broker (or anything else that reused the pid).
 
+Plaintext by default, as a demo on one machine wants. With ``security`` set (:class:`BrokerSecurity`), the client
+listener speaks SASL_SSL only (TLS, then SCRAM-SHA-512), the broker authenticates to its controller with its own
+certificate (mutual TLS), and ``StandardAuthorizer`` enforces ACLs: the admin user is the one super user, everybody
+else may do only what an ACL grants (see :func:`infra.kafka_admin.edge_acls`).
+
 >>> broker = LocalKafka(state_dir="/tmp/precursor-state", port=19092, controller_port=19093)
 >>> broker.bootstrap
 '127.0.0.1:19092'
@@ -28,7 +33,10 @@ pydantic_core._pydantic_core.ValidationError: 1 validation error for LocalKafka
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
+import os
+import secrets
 import socket
 import subprocess
 import time
@@ -39,7 +47,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from cryptography import x509
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.settings import KafkaSettings
@@ -51,6 +60,7 @@ from infra.processes import BackgroundProcess, log_tail, port_in_use
 __all__ = [
     "KAFKA_POM",
     "BrokerError",
+    "BrokerSecurity",
     "BrokerStatus",
     "LocalKafka",
     "MissingToolError",
@@ -67,6 +77,9 @@ _MAVEN_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 _BROKER_MAIN = "kafka.Kafka"
 _STORAGE_TOOL_MAIN = "kafka.tools.StorageTool"
 _LOG_TAIL_LINES = 40
+_SCRAM_MECHANISM = "SCRAM-SHA-512"
+_SCRAM_ITERATIONS = 8192
+_CLIENT_LISTENER = {False: "PLAINTEXT", True: "SASL_SSL"}
 
 Port = Annotated[int, Field(ge=1, le=65535)]
 Report = Callable[[str], None]
@@ -110,6 +123,15 @@ def new_cluster_id() -> str:
             return cluster_id
 
 
+def _escape_property(value: str) -> str:
+    r"""A value as Java's ``Properties.load`` reads it back: backslashes doubled (a Windows path, a password).
+
+    >>> _escape_property('a\\b')
+    'a\\\\b'
+    """
+    return value.replace("\\", "\\\\")
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """``count`` distinct ports that nothing listens on right now, e.g. for a throwaway broker in a test.
 
@@ -122,6 +144,59 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         for probe in probes:  # all bound at once, so the kernel hands out different ports
             probe.bind((host, 0))
         return [probe.getsockname()[1] for probe in probes]
+
+
+class BrokerSecurity(BaseModel):
+    """TLS, SASL/SCRAM-SHA-512 and ACLs for the local broker. Files are PEM.
+
+    ``cert_file`` must name the broker's host (the clients check it) and allow client authentication too (no
+    extended key usage, or both serverAuth and clientAuth): the broker presents it to its own controller, which
+    takes the certificate's subject as the broker's principal. The admin user gets its SCRAM credential when the
+    storage is formatted, before the broker first starts; other users are added through the Admin API
+    (:func:`infra.kafka_admin.add_scram_users`), so no password is ever on a command line.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ca_file: Path = Field(description="the CA that signed cert_file; clients verify the broker against it")
+    cert_file: Path = Field(description="the broker's certificate chain")
+    key_file: Path = Field(description="the broker's private key, unencrypted PKCS#8, readable by its user only")
+    admin_username: str = Field("admin", pattern=r"^[A-Za-z0-9._\-]+$")
+    admin_password: SecretStr = Field(min_length=8)
+
+    @field_validator("ca_file", "cert_file", "key_file")
+    @classmethod
+    def _absolute_file(cls, path: Path) -> Path:
+        path = path.expanduser().absolute()
+        if not path.is_file():
+            raise ValueError(f"{path} is not a file")
+        return path
+
+    def broker_principal(self) -> str:
+        """The principal the controller sees for the broker: ``User:`` and the certificate's subject."""
+        cert = x509.load_pem_x509_certificate(self.cert_file.read_bytes())
+        return f"User:{cert.subject.rfc4514_string()}"
+
+    def scram_credential(self, iterations: int = _SCRAM_ITERATIONS) -> str:
+        """The admin's credential as ``kafka-storage format --add-scram`` takes it: salted, never the password."""
+        salt = secrets.token_bytes(32)
+        # As Kafka's ScramFormatter.saltedPassword: PBKDF2 over the UTF-8 password, no SASLprep.
+        salted = hashlib.pbkdf2_hmac("sha512", self.admin_password.get_secret_value().encode(), salt, iterations)
+        fields = {
+            "name": self.admin_username,
+            "salt": base64.b64encode(salt).decode(),
+            "saltedpassword": base64.b64encode(salted).decode(),
+            "iterations": str(iterations),
+        }
+        return f"{_SCRAM_MECHANISM}=[{','.join(f'{key}={value}' for key, value in fields.items())}]"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read: it holds a secret."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)  # an older file of the same name may have had wider permissions
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(text)
 
 
 class LocalKafka(BaseSettings):
@@ -151,6 +226,7 @@ class LocalKafka(BaseSettings):
     java_executable: str = "java"
     maven_executable: str = "mvn"
     lib_dir: Path | None = Field(None, description="where resolved jars go; <state_dir>/kafka/lib by default")
+    security: BrokerSecurity | None = Field(None, description="TLS, SASL/SCRAM and ACLs; plaintext when unset")
 
     _service: BackgroundProcess | None = PrivateAttr(None)
 
@@ -197,20 +273,26 @@ class LocalKafka(BaseSettings):
         return self.home / "broker.pid"
 
     @property
+    def keystore_file(self) -> Path:
+        return self.home / "tls" / "broker-keystore.pem"
+
+    @property
     def bootstrap(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
 
     def kafka_settings(self, topic_prefix: str | None = None) -> KafkaSettings:
-        """Client settings for this broker. Security fields are pinned so ``PRECURSOR_KAFKA_*`` cannot leak in."""
+        """Client settings for this broker, as its admin when it is secured. Security fields are pinned so
+        ``PRECURSOR_KAFKA_*`` cannot leak in."""
+        security = self.security
         return KafkaSettings(
             bootstrap_servers=self.bootstrap,
             topic_prefix=topic_prefix or self.topic_prefix,
-            security_protocol="PLAINTEXT",
-            sasl_mechanism=None,
-            sasl_plain_username=None,
-            sasl_plain_password=None,
-            ssl_cafile=None,
+            security_protocol=_CLIENT_LISTENER[security is not None],
+            sasl_mechanism=None if security is None else _SCRAM_MECHANISM,
+            sasl_plain_username=None if security is None else security.admin_username,
+            sasl_plain_password=None if security is None else security.admin_password,
+            ssl_cafile=None if security is None else str(security.ca_file),
             ssl_certfile=None,
             ssl_keyfile=None,
             ssl_password=None,
@@ -306,7 +388,7 @@ class LocalKafka(BaseSettings):
         for line in self.properties_file.read_text().splitlines():
             key, _, value = line.partition("=")
             if key.strip() == "advertised.listeners":
-                return value.strip().removeprefix("PLAINTEXT://")
+                return value.strip().partition("://")[2]
         raise BrokerError(f"{self.properties_file} has no advertised.listeners line")
 
     def _refuse_busy_ports(self) -> None:
@@ -343,11 +425,23 @@ class LocalKafka(BaseSettings):
             new_cluster_id(),
             "--ignore-formatted",
         ]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        credential = None if self.security is None else self.security.scram_credential()
+        if credential is None:
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+        else:
+            # The credential goes in a private argument file that the java launcher expands, not on the command
+            # line, where any local user could read it (a salted SCRAM password logs in to this broker as well).
+            argfile = self.home / "format.args"
+            _write_private(argfile, "".join(f'"{arg}"\n' for arg in [*command[1:], "--add-scram", credential]))
+            try:
+                done = subprocess.run([java, f"@{argfile}"], capture_output=True, text=True, check=False)
+            finally:
+                argfile.unlink()
         if done.returncode != 0:
-            raise BrokerError(
-                f"formatting KRaft storage in {self.data_dir} failed ({done.returncode}):\n{done.stdout}{done.stderr}"
-            )
+            output = f"{done.stdout}{done.stderr}"
+            if credential is not None:
+                output = output.replace(credential, "SCRAM-SHA-512=[**********]")
+            raise BrokerError(f"formatting KRaft storage in {self.data_dir} failed ({done.returncode}):\n{output}")
 
     def _launch(self, java: str, jars: Path) -> int:
         return self.service.launch(
@@ -383,15 +477,18 @@ class LocalKafka(BaseSettings):
 
     def server_properties(self) -> dict[str, str]:
         """The broker configuration, written to ``server.properties`` on every start."""
+        listener = _CLIENT_LISTENER[self.security is not None]
+        controller_protocol = "PLAINTEXT" if self.security is None else "SSL"
         return {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@{self.host}:{self.controller_port}",
-            "listeners": f"PLAINTEXT://{self.bootstrap},CONTROLLER://{self.host}:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{self.bootstrap}",
+            "listeners": f"{listener}://{self.bootstrap},CONTROLLER://{self.host}:{self.controller_port}",
+            "advertised.listeners": f"{listener}://{self.bootstrap}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "inter.broker.listener.name": listener,
+            "listener.security.protocol.map": f"CONTROLLER:{controller_protocol},{listener}:{listener}",
+            **self._security_properties(),
             "log.dirs": str(self.data_dir),
             "num.partitions": str(self.partitions),
             "default.replication.factor": "1",
@@ -414,11 +511,49 @@ class LocalKafka(BaseSettings):
             "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
         }
 
+    def _security_properties(self) -> dict[str, str]:
+        security = self.security
+        if security is None:
+            return {}
+        # The broker's own login on its SASL_SSL listener (inter-broker traffic). Kafka logs this value as [hidden].
+        password = security.admin_password.get_secret_value().replace("\\", "\\\\").replace('"', '\\"')
+        jaas = (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{security.admin_username}" password="{password}";'
+        )
+        return {
+            "sasl.enabled.mechanisms": _SCRAM_MECHANISM,
+            "sasl.mechanism.inter.broker.protocol": _SCRAM_MECHANISM,
+            f"listener.name.sasl_ssl.{_SCRAM_MECHANISM.lower()}.sasl.jaas.config": jaas,
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(self.keystore_file),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(security.ca_file),
+            # SCRAM credentials live in the metadata log, so the controller cannot use them: the broker proves
+            # who it is to the controller with its certificate instead.
+            "listener.name.controller.ssl.client.auth": "required",
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "allow.everyone.if.no.acl.found": "false",
+            "super.users": f"User:{security.admin_username};{security.broker_principal()}",
+        }
+
     def _write_config(self) -> None:
         for folder in (self.home, self.data_dir, self.logs_dir):
             folder.mkdir(parents=True, exist_ok=True)
-        properties = "".join(f"{key}={value}\n" for key, value in self.server_properties().items())
-        self.properties_file.write_text(f"# Written by precursor on every start; edits are overwritten.\n{properties}")
+        properties = "".join(f"{key}={_escape_property(value)}\n" for key, value in self.server_properties().items())
+        # Private: with security on, it holds the broker's own password.
+        header = "# Written by precursor on every start; edits are overwritten.\n"
+        _write_private(self.properties_file, header + properties)
+        if self.security is not None:
+            self.keystore_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # Kafka's PEM key store is one file: the private key, then the certificate chain.
+            key = self.security.key_file.read_text()
+            if "BEGIN PRIVATE KEY" not in key:
+                raise BrokerError(
+                    f"key_file={self.security.key_file} must be an unencrypted PKCS#8 key (BEGIN PRIVATE KEY), "
+                    "which Kafka's PEM key store reads; convert it with `openssl pkcs8 -topk8 -nocrypt`"
+                )
+            _write_private(self.keystore_file, key.rstrip("\n") + "\n" + self.security.cert_file.read_text())
         self.log4j_file.write_text(
             "log4j.rootLogger=INFO, file\n"
             "log4j.appender.file=org.apache.log4j.RollingFileAppender\n"
