@@ -28,11 +28,13 @@ import yaml
 from transformers.utils import logging as transformers_logging
 
 from contracts.settings import PrecursorSettings
+from edge_agent.identity import enroll
 from infra.kafka_admin import admin_client, ensure_topics
 from infra.kafka_broker import LocalKafka
 from models.signing import generate_keypair
 from models.train import TrainSettings, train
 from pipelines.run import run_once
+from pipelines.settings import PipelineSettings
 from precursor.output import show
 from simulator import FleetConfig, FleetFiles, write_fleet
 from store.queries import at_risk, counts_per_edge
@@ -120,7 +122,10 @@ def run_demo(*, machines: int = 40, days: float = 14.0, seed: int = 7, model: st
 
     t = _step(4, "Edge agents: one daemon per site, scoring every window and publishing with acks=all")
     processes = []
+    enrolled = []
     for site, files in configs:
+        # Each edge gets its own key, enrolled with the pipeline, so its heartbeats arrive verified.
+        enrolled.append(enroll(home / "edge-state" / site, f"edge-{site}").line)
         config_path = home / f"edge-{site}.yaml"
         config_path.write_text(
             yaml.safe_dump(
@@ -154,7 +159,9 @@ def run_demo(*, machines: int = 40, days: float = 14.0, seed: int = 7, model: st
 
     t = _step(5, "Beam pipeline (FnApiRunner, in-process): validate, dead-letter, drop duplicates, store")
     store = home / "predictions.duckdb"
-    report = run_once(kafka, store)
+    enrolled_edges = home / "enrolled-edges"
+    enrolled_edges.write_text("".join(line + "\n" for line in enrolled))
+    report = run_once(kafka, store, pipeline_settings=PipelineSettings(enrolled_edges=enrolled_edges))
     typer.echo(
         f"      read {report.read:,}, stored {report.stored:,}, duplicates dropped {report.duplicates}, "
         f"dead-lettered {report.dead_lettered} -> {store}"

@@ -21,6 +21,8 @@ from contracts.enrollment import EnrollmentError, parse_enrolled_edges
 from contracts.messages import ContractError, Heartbeat, HeartbeatSignature, decode, encode
 from edge_agent.agent import EdgeAgent
 from edge_agent.config import EdgeConfig
+from edge_agent.daemon import AgentDaemon
+from edge_agent.daemon import main as daemon_main
 from edge_agent.identity import EdgeIdentity, agent_build, enroll
 from edge_agent.scorers import load_scorer
 from models.signing import load_public_key, public_key_text
@@ -309,3 +311,33 @@ def test_a_store_from_before_judging_keeps_its_heartbeats_as_unsigned(tmp_path: 
     assert table.exit_code == 0, table.output
     (row,) = csv.DictReader(io.StringIO(table.stdout))
     assert row["flags"] == "forged unsigned" and row["trust"] == "unsigned"
+
+
+def test_the_daemon_signs_with_the_enrolled_key_and_refuses_to_start_with_a_broken_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "t.csv").write_text("timestamp,machine_id,temp\n2026-01-01T00:00:00Z,m1,1\n")
+    config = tmp_path / "edge.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "edge_id": "edge-d",
+                "kafka": {"bootstrap_servers": "127.0.0.1:1"},
+                "sources": [{"telemetry": "t.csv"}],
+                "health": {"enabled": False},
+                "state_dir": "state",
+            }
+        )
+    )
+    enrollment = enroll(tmp_path / "state", "edge-d")
+    daemon = AgentDaemon(EdgeConfig.load(config), send=False)
+    try:
+        beat = daemon.agent.heartbeat(health="ok", outbox_depth=0, lag_s=0.0)
+    finally:
+        daemon.outbox.close()
+    assert beat.signature is not None and beat.signature.key_id == enrollment.key_id
+
+    enrollment.private_key_path.write_text("-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n")
+    assert daemon_main(["--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "identity:" in err and str(enrollment.private_key_path) in err and "not a key" not in err
