@@ -46,16 +46,35 @@ class AtRiskMachine(Out):
     model_version: str
     edge_id: str
     seq: int
+    threshold: Risk = Field(
+        description="the risk this machine is judged at: its model's operating point (as alerts are raised), unless a "
+        "fixed threshold was asked for"
+    )
+    band: Literal["high", "elevated", "low"] = Field(
+        description="high: at or above the threshold (at risk); elevated: below it but above the level where an alert "
+        "clears; low: below that"
+    )
+    at_risk: bool
     elevated_since: datetime | None = Field(
         None, description="start of the current run of windows at or above the threshold (looked for up to 7 days)"
     )
     open_alerts: list[OpenAlert] = Field(default_factory=list)
 
 
+class OperatingPoint(Out):
+    """The rule alerts follow: each prediction at its model's threshold unless the fleet overrides it."""
+
+    default_threshold: Risk = Field(description="for predictions that carry no threshold of their own")
+    threshold: Risk | None = Field(description="the fleet's override for every model")
+    model_thresholds: dict[str, Risk] = Field(description="the fleet's override per model name")
+    clear_factor: float = Field(description="an alert clears below threshold x clear_factor")
+
+
 class FleetSummary(Out):
     machines: int
-    at_risk: int
-    threshold: float
+    at_risk: int = Field(description="machines whose latest risk is at or above their threshold")
+    threshold: float | None = Field(description="the fixed threshold asked for; null: each model's operating point")
+    operating_point: OperatingPoint
     edges: int
     model_versions: int
     open_alerts: int
@@ -280,7 +299,9 @@ class SqlAnswer(Out):
     columns: list[str]
     types: list[str]
     rows: list[list[Any]]
-    truncated: bool = Field(description="true when the statement had more rows than the limit")
+    truncated: bool = Field(
+        description="true when the statement had more rows than the limit, or more bytes than the byte limit"
+    )
     elapsed_ms: float
 
 

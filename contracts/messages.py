@@ -18,6 +18,8 @@ contracts.messages.ContractError: Prediction: seq is missing; machine_id is miss
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import math
 import re
@@ -42,6 +44,9 @@ Identifier = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za
 SensorName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]*$")]
 Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
+"""A non-negative integer that fits the store's 64-bit columns: a larger one would pass validation and then fail the
+store write, stopping ingest at that record on every run."""
 
 
 def _to_utc(value: datetime) -> datetime:
@@ -69,7 +74,7 @@ class EdgeMessage(Message):
     """Anything an edge agent sends. ``(edge_id, seq)`` is the idempotency key."""
 
     edge_id: Identifier
-    seq: NonNegativeInt
+    seq: Count
 
 
 class TelemetryReading(Message):
@@ -175,10 +180,10 @@ class Heartbeat(EdgeMessage):
     model_name: Identifier
     model_version: Annotated[str, Field(min_length=1, max_length=64)]
     model_sha256: Sha256Hex | None = None
-    outbox_depth: NonNegativeInt = 0
+    outbox_depth: Count = 0
     lag_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
     health: Literal["ok", "degraded", "failing"] = "ok"
-    machines: NonNegativeInt = 0
+    machines: Count = 0
     agent: AgentBuild | None = None
     signature: HeartbeatSignature | None = None
 
@@ -269,16 +274,72 @@ class Alert(Message):
     model_version: Annotated[str, Field(min_length=1, max_length=64)]
 
 
+MAX_DEAD_LETTER_RAW_BYTES = 256 * 1024
+"""The most raw bytes a dead letter carries. A record of any size must become a dead letter that the producer can send
+(1 MB by default, and base64 adds a third): a larger one is cut, and its size and hash say what it was."""
+MAX_REASON_CHARS = 4096
+MAX_KEY_CHARS = 1024
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` at most ``limit`` characters long, saying how much was left out.
+
+    >>> _cut("abcdef", 10)
+    'abcdef'
+    >>> _cut("x" * 100, 40)
+    'xxxxxxxxxxxxxxxxx… (83 more characters)'
+    """
+    if len(text) <= limit:
+        return text
+    room = limit - len(f"… ({len(text)} more characters)")
+    return text[:room] + f"… ({len(text) - room} more characters)"
+
+
 class DeadLetter(Message):
-    """A record a consumer could not accept: the raw bytes (base64) and why, so nothing is silently lost."""
+    """A record a consumer could not accept: its raw bytes (base64, cut to ``MAX_DEAD_LETTER_RAW_BYTES``) with their
+    full size and SHA-256, and why, so nothing is silently lost and a dead letter always fits on its topic."""
 
     source_topic: str
     partition: NonNegativeInt | None = None
     offset: NonNegativeInt | None = None
-    key: str | None = None
+    key: Annotated[str | None, Field(max_length=MAX_KEY_CHARS)] = None
     raw_b64: str
-    reason: Annotated[str, Field(min_length=1)]
+    raw_size: NonNegativeInt | None = Field(default=None, description="the raw record's size in bytes")
+    raw_sha256: Sha256Hex | None = Field(default=None, description="SHA-256 of the whole raw record")
+    truncated: bool = Field(default=False, description="raw_b64 holds only the first MAX_DEAD_LETTER_RAW_BYTES")
+    reason: Annotated[str, Field(min_length=1, max_length=MAX_REASON_CHARS)]
     at: UtcDatetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @classmethod
+    def of(
+        cls,
+        raw: bytes | None,
+        reason: str,
+        *,
+        source_topic: str,
+        partition: int | None = None,
+        offset: int | None = None,
+        key: bytes | None = None,
+    ) -> DeadLetter:
+        """A dead letter for ``raw`` of any size, with a key and reason of any length.
+
+        >>> letter = DeadLetter.of(b"x" * 300_000, "not valid JSON", source_topic="t")
+        >>> letter.truncated, letter.raw_size, len(base64.b64decode(letter.raw_b64)) == MAX_DEAD_LETTER_RAW_BYTES
+        (True, 300000, True)
+        """
+        raw = raw or b""
+        shown = raw[:MAX_DEAD_LETTER_RAW_BYTES]
+        return cls(
+            source_topic=source_topic,
+            partition=partition,
+            offset=offset,
+            key=_cut(key.decode("utf-8", "replace"), MAX_KEY_CHARS) if key else None,
+            raw_b64=base64.b64encode(shown).decode(),
+            raw_size=len(raw),
+            raw_sha256=hashlib.sha256(raw).hexdigest(),
+            truncated=len(shown) < len(raw),
+            reason=_cut(reason, MAX_REASON_CHARS) or "no reason given",
+        )
 
 
 M = TypeVar("M", bound=Message)
@@ -293,11 +354,22 @@ def _describe(err: ValidationError, model: type[BaseModel]) -> str:
         if e["type"] == "missing":
             parts.append(f"{field} is missing")
             continue
-        shown = repr(e.get("input"))
-        if len(shown) > _MAX_VALUE_CHARS:
-            shown = shown[: _MAX_VALUE_CHARS - 3] + "..."
-        parts.append(f"{field}={shown}: {e['msg']}")
-    return f"{model.__name__}: " + "; ".join(parts)
+        parts.append(f"{field}={_show(e.get('input'))}: {e['msg']}")
+    return _cut(f"{model.__name__}: " + "; ".join(parts), MAX_REASON_CHARS)
+
+
+def _show(value: Any) -> str:
+    """A short picture of a bad value, whatever it is: an int past Python's digit limit or a structure nested past
+    the recursion limit has no repr, and a huge one must not make a huge reason."""
+    if isinstance(value, str | bytes) and len(value) > _MAX_VALUE_CHARS:
+        value = value[:_MAX_VALUE_CHARS]
+    try:
+        shown = repr(value)
+    except (ValueError, RecursionError):
+        shown = f"<{type(value).__name__} too large to show>"
+    if len(shown) > _MAX_VALUE_CHARS:
+        shown = shown[: _MAX_VALUE_CHARS - 3] + "..."
+    return shown
 
 
 def validate(model: type[M], data: Any) -> M:
@@ -306,14 +378,17 @@ def validate(model: type[M], data: Any) -> M:
         return model.model_validate(data)
     except ValidationError as err:
         raise ContractError(_describe(err, model)) from None
+    except RecursionError:
+        raise ContractError(f"{model.__name__}: nested too deeply") from None
 
 
 def decode(model: type[M], raw: bytes | str) -> M:
     """Parse one JSON message, or raise :class:`ContractError` naming what is wrong."""
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ContractError(f"{model.__name__}: not valid JSON ({err})") from None
+    except (ValueError, RecursionError) as err:
+        # ValueError covers bad UTF-8, bad JSON and integers past Python's digit limit; RecursionError, nesting.
+        raise ContractError(f"{model.__name__}: not valid JSON ({_cut(str(err), 200)})") from None
     if not isinstance(data, dict):
         raise ContractError(f"{model.__name__}: expected a JSON object, got {type(data).__name__}")
     return validate(model, data)

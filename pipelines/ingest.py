@@ -12,7 +12,6 @@ messages travel on as plain tuples (:mod:`pipelines.records`), not pydantic obje
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
@@ -75,13 +74,18 @@ class ParseMessages(beam.DoFn):
     def process(self, record: KafkaRecord) -> Iterator[Any]:
         try:
             message = self._parse(record)
+            row = tuple(self._to_record(message, partition=record.partition, offset=record.offset))
+            stamped = TimestampedValue(row, Timestamp(micros=row[self._event_time]))
         except ContractError as err:
             self._invalid.inc()
             yield beam.pvalue.TaggedOutput(DEAD, dead_letter(record, str(err)))
             return
+        except Exception as err:  # any record that cannot be read must not stop ingest at its offset
+            self._invalid.inc()
+            yield beam.pvalue.TaggedOutput(DEAD, dead_letter(record, f"{self._model.__name__}: unreadable ({err!r})"))
+            return
         self._valid.inc()
-        row = tuple(self._to_record(message, partition=record.partition, offset=record.offset))
-        yield TimestampedValue(row, Timestamp(micros=row[self._event_time]))
+        yield stamped
 
     def _parse(self, record: KafkaRecord) -> EdgeMessage:
         if record.value is None:
@@ -94,13 +98,8 @@ class ParseMessages(beam.DoFn):
 
 
 def dead_letter(record: KafkaRecord, reason: str) -> DeadLetter:
-    return DeadLetter(
-        source_topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
-        key=record.key.decode("utf-8", "replace") if record.key else None,
-        raw_b64=base64.b64encode(record.value or b"").decode(),
-        reason=reason,
+    return DeadLetter.of(
+        record.value, reason, source_topic=record.topic, partition=record.partition, offset=record.offset, key=record.key
     )
 
 

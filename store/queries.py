@@ -42,15 +42,13 @@ from uuid import UUID, uuid4
 
 import duckdb
 
+from contracts.alerting import DEFAULT_THRESHOLD, AlertRule
 from contracts.durations import parse_duration
 from contracts.formats import parse_timestamp
 from store.db import StoreBusy, connect
 
 ANY_FAILURE = "failure"
 """The kind under which the monitoring pipeline scores any failure at all."""
-
-DEFAULT_THRESHOLD = 0.7
-"""Risk at or above which a machine counts as at risk: the pipelines' default alert raise threshold."""
 
 ELEVATED_LOOKBACK = timedelta(days=7)
 """How far back "at risk since" looks for the start of a machine's current run of risky windows."""
@@ -61,6 +59,41 @@ MAX_SQL_ROWS = 10_000
 
 class SqlRejected(ValueError):
     """Raw SQL that may not run here: not a single read-only statement, invalid, or over a limit."""
+
+
+MAX_SQL_BYTES = 8 * 1024 * 1024
+"""About the most bytes of values one raw SQL answer carries: the row limit alone lets a few huge rows through."""
+
+
+@dataclass
+class _Fetched:
+    rows: list[tuple[Any, ...]]
+    cut: bool  # stopped at the byte limit with rows left
+
+
+def _value_bytes(value: Any) -> int:
+    if isinstance(value, str | bytes):
+        return len(value)
+    if isinstance(value, list | tuple | dict):
+        return len(repr(value))
+    return 16
+
+
+def _fetch_within(cur: duckdb.DuckDBPyConnection, rows: int, max_bytes: int) -> _Fetched:
+    """Up to ``rows`` rows, a row at a time, stopping before the values pass ``max_bytes``."""
+    out: list[tuple[Any, ...]] = []
+    total = 0
+    while len(out) < rows:
+        row = cur.fetchone()
+        if row is None:
+            return _Fetched(out, cut=False)
+        total += sum(_value_bytes(v) for v in row)
+        if total > max_bytes:
+            if not out:
+                raise SqlRejected(f"the answer's first row alone is larger than the {max_bytes:,}-byte limit")
+            return _Fetched(out, cut=True)
+        out.append(row)
+    return _Fetched(out, cut=False)
 
 
 # -- time ranges ------------------------------------------------------------------------------------------------
@@ -74,7 +107,7 @@ def parse_time_bound(text: str, *, now: datetime | None = None, name: str = "tim
         return now
     try:
         return now - parse_duration(value)
-    except ValueError:
+    except (ValueError, OverflowError):
         pass
     try:
         return parse_timestamp(value)
@@ -168,6 +201,21 @@ _LATEST_FROM_PREDICTIONS = """
 """
 
 
+def _operating_point(table: str, rule: AlertRule, fixed: float | None) -> tuple[str, list[Any]]:
+    """SQL for the threshold each row of ``table`` (with ``model_name`` and ``threshold``) is judged at, and its
+    parameters: ``fixed`` where the caller asks at one figure, else the alerts' rule (:mod:`contracts.alerting`)."""
+    if fixed is not None:
+        return "?::DOUBLE", [fixed]
+    params: list[Any] = []
+    per_model = ""
+    if rule.model_thresholds:
+        cases = " ".join("WHEN ? THEN ?::DOUBLE" for _ in rule.model_thresholds)
+        per_model = f"CASE {table}.model_name {cases} END, "
+        params += [v for pair in sorted(rule.model_thresholds.items()) for v in pair]
+    params += [rule.threshold, rule.default_threshold]
+    return f"coalesce({per_model}?::DOUBLE, {table}.threshold, ?::DOUBLE)", params
+
+
 def _horizon(table: str) -> str:
     """A prediction's horizon as an INTERVAL."""
     return f"to_microseconds(CAST({table}.horizon_h * 3600e6 AS BIGINT))"
@@ -235,11 +283,18 @@ class StoreReader:
         edge_id: str | None = None,
         model_version: str | None = None,
         kind: str | None = None,
-        threshold: float = DEFAULT_THRESHOLD,
+        threshold: float | None = None,
+        rule: AlertRule | None = None,
     ) -> Page:
         """Each machine's latest prediction, riskiest first: what is at risk now, why (risk per kind), and since
-        when (``elevated_since``: the start of its current run of windows at or above ``threshold``, looked for up
-        to :data:`ELEVATED_LOOKBACK` back) and any alert still raised."""
+        when (``elevated_since``: the start of its current run of windows at or above the threshold, looked for up
+        to :data:`ELEVATED_LOOKBACK` back) and any alert still raised.
+
+        Each row is judged at ``threshold`` where one is given, else at its model's operating point under ``rule``
+        (the alerts' rule): ``threshold`` says which figure, ``band`` where its risk lies against it (``high`` is at
+        risk, ``elevated`` is in the hysteresis gap, ``low`` below the clear level)."""
+        rule = rule or AlertRule()
+        point, point_params = _operating_point("latest", rule, threshold)
         where = _Where()
         where.maybe("window_end >= ?", since)
         where.maybe("max_risk >= ?", min_risk)
@@ -249,13 +304,13 @@ class StoreReader:
         rows = self.rows(
             f"""
             SELECT machine_id, max_risk, top_kind, risk, window_start, window_end, horizon_h,
-                   model_name, model_version, edge_id, seq, count(*) OVER () AS total
+                   model_name, model_version, edge_id, seq, {point} AS threshold, count(*) OVER () AS total
             FROM {self._latest} AS latest
             {where.sql}
             ORDER BY max_risk DESC, machine_id
             LIMIT ? OFFSET ?
             """,
-            [*where.params, limit, offset],
+            [*point_params, *where.params, limit, offset],
         )
         if rows:
             total = int(rows[0]["total"])
@@ -264,31 +319,35 @@ class StoreReader:
             total = int(found.fetchone()[0])  # type: ignore[index]
         for row in rows:
             del row["total"]
-        self._add_elevated_since(rows, threshold)
+            row["band"] = rule.band(row["max_risk"], row["threshold"])
+            row["at_risk"] = row["band"] == "high"
+        self._add_elevated_since(rows, rule, threshold)
         self._add_open_alerts(rows)
         return Page(rows, total, limit, offset)
 
-    def _add_elevated_since(self, rows: list[dict[str, Any]], threshold: float) -> None:
-        risky = [r for r in rows if r["max_risk"] >= threshold]
+    def _add_elevated_since(self, rows: list[dict[str, Any]], rule: AlertRule, threshold: float | None) -> None:
+        risky = [r for r in rows if r["at_risk"]]
         for row in rows:
             row["elevated_since"] = None
         if not risky:
             return
+        # Each earlier window is judged at its own operating point, as the alerts judged it.
+        point, point_params = _operating_point("p", rule, threshold)
         # One bound for the whole page keeps the scan to the newest row groups (the table is in arrival order).
         start = min(r["window_end"] for r in risky) - ELEVATED_LOOKBACK
         found = self.con.execute(
-            """
+            f"""
             WITH recent AS (
-                SELECT machine_id, window_end, max_risk FROM predictions
+                SELECT machine_id, window_end, max_risk >= {point} AS risky FROM predictions AS p
                 WHERE window_end >= ? AND machine_id IN (SELECT unnest(?::VARCHAR[]))
             ),
-            calm AS (SELECT machine_id, max(window_end) AS last_calm FROM recent WHERE max_risk < ? GROUP BY machine_id)
+            calm AS (SELECT machine_id, max(window_end) AS last_calm FROM recent WHERE NOT risky GROUP BY machine_id)
             SELECT r.machine_id, min(r.window_end)
             FROM recent r LEFT JOIN calm c USING (machine_id)
-            WHERE r.max_risk >= ? AND (c.last_calm IS NULL OR r.window_end > c.last_calm)
+            WHERE r.risky AND (c.last_calm IS NULL OR r.window_end > c.last_calm)
             GROUP BY r.machine_id
             """,
-            [start, [r["machine_id"] for r in risky], threshold, threshold],
+            [*point_params, start, [r["machine_id"] for r in risky]],
         ).fetchall()
         since = dict(found)
         for row in risky:
@@ -316,15 +375,20 @@ class StoreReader:
         for row in rows:
             row["open_alerts"] = by_machine.get(row["machine_id"], [])
 
-    def fleet_summary(self, threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
-        """Machines, how many are at risk, edges, open alerts, and the newest window: the dashboard's header."""
+    def fleet_summary(self, threshold: float | None = None, rule: AlertRule | None = None) -> dict[str, Any]:
+        """Machines, how many are at risk, edges, open alerts, and the newest window: the dashboard's header.
+
+        At risk: latest risk at or above ``threshold`` where one is given, else at the machine's operating point
+        under ``rule`` (the alerts' rule, returned as ``operating_point`` so a page judges live predictions alike)."""
+        rule = rule or AlertRule()
+        point, point_params = _operating_point("latest", rule, threshold)
         latest = self.con.execute(
             f"""
-            SELECT count(*), count(*) FILTER (WHERE max_risk >= ?), count(DISTINCT edge_id), max(window_end),
+            SELECT count(*), count(*) FILTER (WHERE max_risk >= {point}), count(DISTINCT edge_id), max(window_end),
                    count(DISTINCT model_version)
             FROM {self._latest} AS latest
             """,
-            [threshold],
+            point_params,
         ).fetchone()
         machines, at_risk, edges, newest, versions = latest if latest else (0, 0, 0, None, 0)
         open_alerts = 0
@@ -343,11 +407,23 @@ class StoreReader:
             "machines": int(machines),
             "at_risk": int(at_risk),
             "threshold": threshold,
+            "operating_point": rule.model_dump(
+                include={"default_threshold", "threshold", "model_thresholds", "clear_factor"}
+            ),
             "edges": int(edges),
             "model_versions": int(versions),
             "open_alerts": open_alerts,
             "newest_window_end": newest,
         }
+
+    def operating_point(self, machine_id: str, rule: AlertRule | None = None) -> float:
+        """The threshold the machine's latest prediction is judged at under ``rule``: what its alerts follow."""
+        rule = rule or AlertRule()
+        point, params = _operating_point("latest", rule, None)
+        found = self.con.execute(
+            f"SELECT {point} FROM {self._latest} AS latest WHERE machine_id = ?", [*params, machine_id]
+        ).fetchone()
+        return float(found[0]) if found else rule.threshold_for("", None)
 
     def machine_summary(self, machine_id: str) -> dict[str, Any] | None:
         """What the store knows of one machine, or ``None`` if it knows nothing."""
@@ -821,8 +897,9 @@ class StoreReader:
 
     # -- raw SQL -----------------------------------------------------------------------------------------------
 
-    def sql(self, text: str, *, limit: int = 1000, timeout_s: float = 5.0) -> SqlResult:
-        """Run one read-only statement; at most ``limit`` rows come back, and it is stopped after ``timeout_s``."""
+    def sql(self, text: str, *, limit: int = 1000, timeout_s: float = 5.0, max_bytes: int = MAX_SQL_BYTES) -> SqlResult:
+        """Run one read-only statement; at most ``limit`` rows and about ``max_bytes`` of values come back, and it is
+        stopped after ``timeout_s``. An answer cut by either limit says ``truncated``."""
         check_read_only_sql(text)
         if not 1 <= limit <= MAX_SQL_ROWS:
             raise SqlRejected(f"limit={limit} must be between 1 and {MAX_SQL_ROWS}")
@@ -831,7 +908,7 @@ class StoreReader:
         timer.start()
         try:
             cur = self.con.execute(text)
-            fetched = cur.fetchmany(limit + 1)
+            fetched = _fetch_within(cur, limit + 1, max_bytes)
         except duckdb.InterruptException:
             raise SqlRejected(f"the query ran longer than the {timeout_s:g} s limit and was stopped") from None
         except (duckdb.IOException, duckdb.ConnectionException, duckdb.FatalException):
@@ -847,8 +924,8 @@ class StoreReader:
         return SqlResult(
             columns=[d[0] for d in description],
             types=[str(d[1]) for d in description],
-            rows=[[plain(v) for v in row] for row in fetched[:limit]],
-            truncated=len(fetched) > limit,
+            rows=[[plain(v) for v in row] for row in fetched.rows[:limit]],
+            truncated=len(fetched.rows) > limit or fetched.cut,
             elapsed_ms=elapsed,
         )
 
