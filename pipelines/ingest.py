@@ -99,7 +99,12 @@ class ParseMessages(beam.DoFn):
 
 def dead_letter(record: KafkaRecord, reason: str) -> DeadLetter:
     return DeadLetter.of(
-        record.value, reason, source_topic=record.topic, partition=record.partition, offset=record.offset, key=record.key
+        record.value,
+        reason,
+        source_topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        key=record.key,
     )
 
 
