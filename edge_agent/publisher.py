@@ -11,6 +11,7 @@ from kafka.producer.future import FutureRecordMetadata
 
 from contracts.messages import EdgeEvent, Heartbeat, Message, Prediction, encode
 from contracts.settings import KafkaSettings
+from infra.kafka_admin import missing_topics
 
 
 class Sink(Protocol):
@@ -43,11 +44,39 @@ def check_reachable(servers: Sequence[str], timeout_s: float = 3.0) -> None:
     )
 
 
+class TopicsMissing(ConnectionError):
+    """The broker answers, but some topics the edge writes to are not there; the message says how to create them."""
+
+    def __init__(self, settings: KafkaSettings, topics: Sequence[str]) -> None:
+        self.topics = list(topics)
+        super().__init__(
+            f"Kafka at {settings.bootstrap_servers} has no topic {', '.join(self.topics)} (topic prefix "
+            f"{settings.topic_prefix!r}). Create them: `precursor kafka up` creates every topic of its prefix on the "
+            "local broker (PRECURSOR_KAFKA_TOPIC_PREFIX sets the prefix); on another cluster, e.g. "
+            "`kafka-topics.sh --create --topic NAME`. Or set the prefix the cluster has (kafka.topic_prefix in the "
+            "edge config, PRECURSOR_KAFKA_TOPIC_PREFIX)."
+        )
+
+
+def edge_topics(settings: KafkaSettings) -> list[str]:
+    """The topics an edge writes to."""
+    topics = settings.topics
+    return [topics.predictions, topics.events, topics.heartbeats]
+
+
+def check_topics(settings: KafkaSettings, topics: Sequence[str], timeout_s: float = 5.0) -> None:
+    """Raise :class:`TopicsMissing` naming every topic of ``topics`` the cluster lacks."""
+    missing = missing_topics(settings, topics, timeout_s)
+    if missing:
+        raise TopicsMissing(settings, missing)
+
+
 class KafkaPublisher:
     """Predictions and events keyed by machine_id, heartbeats by edge_id. ``flush`` raises if any send failed."""
 
     def __init__(self, settings: KafkaSettings, *, linger_ms: int = 20) -> None:
         check_reachable(settings.servers)
+        check_topics(settings, edge_topics(settings))
         self.topics = settings.topics
         self._producer = KafkaProducer(
             **settings.client_kwargs(),

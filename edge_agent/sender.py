@@ -5,6 +5,11 @@ that some bootstrap server accepts a TCP connection, and backs off (0.5 s doubli
 that fails or times out closes the producer (its buffered records are abandoned: they are still in the outbox) and
 the next attempt starts fresh, resending from the oldest message. A resend carries the same ``(edge_id, seq)``, so
 consumers drop it if the first attempt had in fact landed.
+
+Before each producer is made (at start, and after every failure) the sender checks that the topics it writes to
+exist: a producer pointed at a missing topic logs "not found in cluster metadata" many times a second and then
+times out. A missing topic is said once, naming the topics and how to create them, and the sender keeps the
+outbox and retries with the same backoff until they are there.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from kafka.errors import KafkaError
 
 from contracts.settings import KafkaSettings
 from edge_agent.outbox import Outbox, OutboxRow
-from edge_agent.publisher import BrokerUnreachable, check_reachable
+from edge_agent.publisher import BrokerUnreachable, TopicsMissing, check_reachable, check_topics, edge_topics
 
 log = logging.getLogger("precursor.edge.sender")
 
@@ -47,7 +52,10 @@ class OutboxSender(threading.Thread):
         send_timeout_s: float = 15.0,
         producer_factory: Callable[[], Any] | None = None,
         idle_probe_s: float = IDLE_PROBE_S,
+        topics_check: Callable[[], None] | None = None,
     ) -> None:
+        """``producer_factory`` stands in for Kafka in unit tests; such a stand-in has no cluster to ask for topics,
+        so then the topics are checked only by ``topics_check`` (which raises :class:`TopicsMissing`), if given."""
         super().__init__(name="outbox-sender", daemon=True)
         self.outbox = outbox
         self.settings = settings
@@ -55,6 +63,10 @@ class OutboxSender(threading.Thread):
         self.send_timeout_s = send_timeout_s
         self.topic = topic_for(settings)
         self._producer_factory = producer_factory or self._new_producer
+        if topics_check is None and producer_factory is None:
+            topics_check = self._check_topics
+        self._topics_check = topics_check
+        self._reported_missing: list[str] | None = None
         self._producer: Any = None
         self._stopping = threading.Event()
         self._backoff = MIN_BACKOFF_S
@@ -79,6 +91,9 @@ class OutboxSender(threading.Thread):
             max_in_flight_requests_per_connection=5,
         )
 
+    def _check_topics(self) -> None:
+        check_topics(self.settings, edge_topics(self.settings), timeout_s=min(self.send_timeout_s, 5.0))
+
     def stop(self) -> None:
         self._stopping.set()
         self.outbox.wake_sender()
@@ -86,6 +101,7 @@ class OutboxSender(threading.Thread):
     def run(self) -> None:
         reader = self.outbox.reader()
         try:
+            self._connect()  # says at start, not at the first send, when the link or its topics are wrong
             while not self._stopping.is_set():
                 rows = reader.pending(self.batch)
                 if not rows:
@@ -115,13 +131,8 @@ class OutboxSender(threading.Thread):
 
     def _send(self, rows: list[OutboxRow], acknowledge: Callable[[list[int]], int]) -> bool:
         """Send a batch and delete what was acknowledged; False if the broker is away or a send failed."""
-        if self._producer is None:
-            try:
-                check_reachable(self.settings.servers, timeout_s=1.0)
-                self._producer = self._producer_factory()
-            except (BrokerUnreachable, KafkaError, OSError) as err:
-                self._failed(f"{type(err).__name__}: {err}")
-                return False
+        if self._producer is None and not self._connect():
+            return False
         futures = []
         try:
             for row in rows:
@@ -146,6 +157,34 @@ class OutboxSender(threading.Thread):
         self._failed(f"{len(rows) - len(acked)} of {len(rows)} sends not acknowledged ({failed or 'timed out'})")
         return False
 
+    def _connect(self) -> bool:
+        """Make a producer once the broker accepts connections and has the topics; False (said once) if not."""
+        try:
+            check_reachable(self.settings.servers, timeout_s=1.0)
+            if self._topics_check is not None:
+                self._topics_check()
+            self._producer = self._producer_factory()
+        except TopicsMissing as err:
+            self._topics_missing(err)
+            return False
+        except (BrokerUnreachable, KafkaError, OSError) as err:
+            self._failed(f"{type(err).__name__}: {err}")
+            return False
+        self._reported_missing = None
+        return True
+
+    def _topics_missing(self, err: TopicsMissing) -> None:
+        self.failures += 1
+        if err.topics != self._reported_missing:
+            log.error(
+                "%s Keeping messages in the outbox and retrying.",
+                err,
+                extra={"outbox_depth": self.outbox.depth, "missing_topics": err.topics},
+            )
+            self._reported_missing = err.topics
+        self.broker_reachable = False
+        self.last_error = str(err)
+
     def _probe_when_due(self) -> None:
         """While idle, a broker that stopped accepting connections makes the link unreachable."""
         if self.broker_reachable is not True or time.monotonic() - self._last_probe < self._idle_probe_s:
@@ -158,7 +197,8 @@ class OutboxSender(threading.Thread):
 
     def _failed(self, reason: str) -> None:
         self.failures += 1
-        if self.broker_reachable is not False:
+        if self.broker_reachable is not False or self._reported_missing is not None:
+            self._reported_missing = None
             log.warning(
                 "Kafka unreachable, keeping messages in the outbox: %s",
                 reason,
