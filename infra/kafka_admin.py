@@ -265,14 +265,6 @@ def missing_topics(settings: KafkaSettings, names: Iterable[str], timeout_s: flo
     return sorted(set(names) - present)
 
 
-def missing_topics(settings: KafkaSettings, names: Iterable[str], timeout_s: float = 5.0) -> list[str]:
-    """Which of ``names`` the cluster does not have, sorted (a producer would only log, again and again, that it
-    cannot find them). Raises :class:`KafkaError` or :class:`OSError` when the cluster does not answer."""
-    with admin_client(settings, timeout_s) as admin:
-        present = set(admin.list_topics())
-    return sorted(set(names) - present)
-
-
 def add_scram_users(
     settings: KafkaSettings, users: Mapping[str, SecretStr], *, iterations: int = 8192, timeout_s: float = 30.0
 ) -> None:
