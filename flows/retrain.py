@@ -13,9 +13,10 @@ Each task calls one public function of ``models`` (or of this package's thin ada
    rolled back to the previous champion if the canaries do not report it healthy). The registry's champion moves only
    after a successful rollout; a rolled-back candidate is marked rejected.
 
-The private key never leaves the export step: it is read from its file there, and only its public ``key_id``
-appears in logs, artifacts and Kafka messages. Large values (thousands of windows) are passed to tasks under
-``quote`` so Prefect does not walk them looking for futures.
+The private key never leaves the step that uses it: export reads it from its file to sign the manifest, roll-out
+to sign each release message (with the key rotation chain in ``keyring.json`` beside it, and an expiry
+``release_validity`` after issue); only its public ``key_id`` appears in logs, artifacts and Kafka messages. Large
+values (thousands of windows) are passed to tasks under ``quote`` so Prefect does not walk them looking for futures.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from flows.training import train_candidate_on
 from models.dataset import Fleet
 from models.export import ExportParityError
 from models.registry import ModelRegistry, RegistryEntry, release_for
+from models.releases import ReleaseSigner
 from models.signing import TrustedKeys, key_id, load_private_key, load_public_keys
 
 COMPARISON_ARTIFACT_KEY = "retrain-comparison"
@@ -235,6 +237,7 @@ def roll_out(settings: RetrainSettings, entry: RegistryEntry, previous: Registry
     before = (
         release_for(previous.path, artifact_uri=uri(previous), target=settings.release_target) if previous else None
     )
+    sign = ReleaseSigner.from_key_file(settings.signing_key, settings.release_validity)  # read here, kept here
     channel = KafkaReleaseChannel(settings.kafka)
     try:
         return staged_rollout(
@@ -246,6 +249,7 @@ def roll_out(settings: RetrainSettings, entry: RegistryEntry, previous: Registry
             deadline_s=settings.canary_deadline_s,
             healthy_heartbeats=settings.healthy_heartbeats,
             report=_logger().info,
+            sign=sign,
         )
     finally:
         channel.close()

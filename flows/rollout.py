@@ -141,14 +141,22 @@ def staged_rollout(
     healthy_heartbeats: int = 2,
     poll_s: float = 1.0,
     report: Callable[[str], None] = log.info,
+    sign: Callable[[ModelRelease], ModelRelease] | None = None,
 ) -> RolloutReport:
-    """Roll ``candidate`` out in stages (see the module text); ``previous`` is the release to go back to."""
+    """Roll ``candidate`` out in stages (see the module text); ``previous`` is the release to go back to.
+
+    ``sign`` (a :class:`models.releases.ReleaseSigner`) signs each release as it is published, after its targeting
+    is set: edges refuse unsigned releases, so only a test's own fake edges do without it. The rollback is signed as
+    one (``rollback``), the only way an edge goes back to a lower version.
+    """
     started = time.monotonic()
     published: list[PublishedRelease] = []
 
     def publish(release: ModelRelease, purpose: Literal["canary", "fleet", "rollback"]) -> None:
         # Stamped now: an edge takes the newest release of its target, and a rollback must be newer than the canary.
-        release = release.model_copy(update={"released_at": datetime.now(UTC)})
+        release = release.model_copy(update={"released_at": datetime.now(UTC), "rollback": purpose == "rollback"})
+        if sign is not None:
+            release = sign(release)
         channel.publish(release)
         published.append(
             PublishedRelease(

@@ -24,12 +24,14 @@ promotion_margin
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contracts.durations import Duration
 from contracts.messages import Identifier
 from contracts.settings import KafkaSettings, PrecursorSettings
 from models.registry import DEFAULT_MODEL_NAME
@@ -122,6 +124,9 @@ class RetrainSettings(BaseSettings):
     )
     healthy_heartbeats: Annotated[int, Field(ge=1)] = Field(
         2, description="heartbeats per canary, running the new version with health ok, that count as healthy"
+    )
+    release_validity: Duration = Field(
+        timedelta(days=30), description="how long a release stays valid after it is issued; edges refuse it after that"
     )
     artifact_base_uri: str | None = Field(
         None, description="where edges fetch artifacts (URI prefix + /<model>/<version>); file:// of the registry"

@@ -8,11 +8,14 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from contracts.messages import Heartbeat, ModelRelease, decode, encode
 from contracts.settings import KafkaSettings
 from flows.rollout import CanaryWatch, KafkaHeartbeats, KafkaReleaseChannel, staged_rollout
+from models.releases import ReleaseSigner, verify_release_statement
+from models.signing import key_id
 
 SHA = "a" * 64
 
@@ -144,6 +147,27 @@ def test_silent_canaries_time_out_and_without_a_previous_release_the_candidate_i
     assert report.outcome == "rejected"
     assert "not healthy within 0.3 s" in report.reason and "e1: waiting, no heartbeat" in report.reason
     assert [r.version for r in channel.sent] == ["2"]
+
+
+def test_a_signed_rollout_signs_each_release_as_published_and_marks_only_the_rollback() -> None:
+    key = Ed25519PrivateKey.generate()
+    channel = Channel()
+    heartbeats = ScriptedHeartbeats([[beat("e1", "2", "failing")]])
+    report = staged_rollout(
+        release("2"),
+        release("1"),
+        channel,
+        lambda: heartbeats,
+        canary_edges=["e1"],
+        deadline_s=10,
+        sign=ReleaseSigner(key),
+    )
+    assert report.outcome == "rolled_back"
+    for sent in channel.sent:  # signed after the canary list and the issue time were set, so they are covered
+        verify_release_statement(decode(ModelRelease, encode(sent)), {key_id(key.public_key()): key.public_key()})
+    assert [(r.version, r.canary_edges, r.rollback) for r in channel.sent] == [("2", ["e1"], False), ("1", [], True)]
+    assert channel.sent[1].released_at > channel.sent[0].released_at
+    assert all(r.expires_at is not None and r.expires_at > r.released_at for r in channel.sent)
 
 
 # --- against the real broker, with an edge that follows the releases and heartbeats ---------------------------------
