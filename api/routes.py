@@ -38,8 +38,10 @@ from api.models import (
     TelemetrySeries,
 )
 from api.settings import ApiSettings
+from contracts.alerting import AlertRule
 from contracts.durations import parse_duration
 from contracts.settings import KafkaSettings
+from pipelines.settings import PipelineSettings
 from store.db import StoreBusy
 from store.queries import ANY_FAILURE, SqlRejected, StoreAttacher, StoreReader, check_range, parse_time_bound, reading
 from store.queries import Page as StorePage
@@ -97,6 +99,23 @@ def _threshold(request: Request, given: float | None) -> float:
     return _settings(request).risk_threshold if given is None else given
 
 
+def _fixed_threshold(request: Request, given: float | None) -> float | None:
+    """A threshold asked for, or set for the API on purpose; ``None``: each model's operating point."""
+    if given is not None:
+        return given
+    settings = _settings(request)
+    return settings.risk_threshold if "risk_threshold" in settings.model_fields_set else None
+
+
+def _alert_rule(request: Request) -> AlertRule:
+    """The operating point the pipeline alerts at (``PRECURSOR_PIPELINE_ALERT_*``), so the pages call at risk what
+    the alerts do. Read once per app; an app built with ``app.state.alert_rule`` set uses that one."""
+    state = request.app.state
+    if getattr(state, "alert_rule", None) is None:
+        state.alert_rule = PipelineSettings().alert_rule
+    return state.alert_rule
+
+
 @contextmanager
 def open_store(request: Request, *, raw_sql: bool = False) -> Iterator[StoreReader]:
     """The store, read-only, for one request. Raw SQL gets a connection of its own that cannot reach files or the
@@ -140,7 +159,7 @@ def _page(page: StorePage) -> dict[str, Any]:
 @router.get("/fleet/summary", response_model=FleetSummary, summary="Machines, how many are at risk, open alerts")
 def fleet_summary(request: Request, threshold: Threshold = None) -> dict[str, Any]:
     with open_store(request) as store:
-        return store.fleet_summary(_threshold(request, threshold))
+        return store.fleet_summary(_fixed_threshold(request, threshold), _alert_rule(request))
 
 
 @router.get("/machines/at-risk", response_model=Page[AtRiskMachine], summary="What is at risk now, why, since when")
@@ -167,7 +186,8 @@ def machines_at_risk(
             edge_id=edge_id,
             model_version=model_version,
             kind=kind,
-            threshold=_threshold(request, threshold),
+            threshold=_fixed_threshold(request, threshold),
+            rule=_alert_rule(request),
         )
     return _page(page)
 
@@ -292,7 +312,7 @@ def machine_timeline(
     """Everything a machine page draws, over one connection: summary, risk, events, failures with lead times,
     alerts and sensor lines."""
     window = time_range(since, until)
-    level = _threshold(request, threshold)
+    fixed = _fixed_threshold(request, threshold)
     with open_store(request) as store:
         summary = store.machine_summary(machine_id)
         if summary is None:
@@ -300,6 +320,8 @@ def machine_timeline(
                 status.HTTP_404_NOT_FOUND,
                 f"unknown machine {machine_id!r}: the store has no predictions or events for it",
             )
+        # The machine's operating point, as its alerts are raised, unless a fixed threshold was asked for.
+        level = fixed if fixed is not None else store.operating_point(machine_id, _alert_rule(request))
         span = {"since": window.since, "until": window.until}
         return {
             "summary": summary,

@@ -71,7 +71,7 @@ def pipeline_run(
         typer.echo(
             f"pipeline: read {r.read}, stored {r.stored}, already stored {r.already_stored}, "
             f"duplicates dropped {r.duplicates}, dead-lettered {r.dead_lettered}, too late {r.too_late}, "
-            f"alerts raised {r.alerts_raised}, cleared {r.alerts_cleared}, pending {r.pending} "
+            f"alerts raised {r.alerts_raised}, cleared {r.alerts_cleared} "
             f"in {r.seconds:.1f} s -> {path}"
         )
 

@@ -2,9 +2,10 @@
 
 Each run is a bounded snapshot of Kafka (see :mod:`pipelines.kafka_io`): it reads every partition from the committed
 offset to the current end, stores and dead-letters what it read, raises and clears alerts
-(:mod:`pipelines.alerts`), and only then commits the offsets. Event-time state that must outlive a run (each
-machine's watermark, alert state and pending predictions) is carried in the store, so cutting the stream into more or
-fewer runs gives the same alerts. The engine is ``local`` by default; see :mod:`pipelines.engines` for the others.
+(:mod:`pipelines.alerts`: each prediction is decided in the run that reads it, at its model's operating point), and
+only then commits the offsets. Alert state that must outlive a run (each machine's watermark, hysteresis state and
+the predictions it has decided lately) is carried in the store, so cutting the stream into more or fewer runs gives
+the same alerts. The engine is ``local`` by default; see :mod:`pipelines.engines` for the others.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ class RunReport:
     alerts_raised: int = 0
     alerts_cleared: int = 0
     too_late: int = 0  # predictions behind their machine's watermark on arrival: stored, not alerted on
-    pending: int = 0  # predictions not yet behind their machine's watermark, carried to the next run
     heartbeats_read: int = 0  # heartbeats are counted apart from predictions and events
     heartbeats_stored: int = 0
     seconds: float = 0.0
@@ -54,7 +54,6 @@ class RunReport:
             self.alerts_raised + other.alerts_raised,
             self.alerts_cleared + other.alerts_cleared,
             self.too_late + other.too_late,
-            other.pending if other.read else self.pending,
             self.heartbeats_read + other.heartbeats_read,
             self.heartbeats_stored + other.heartbeats_stored,
             self.seconds + other.seconds,
@@ -127,7 +126,6 @@ def run_once(
     report.alerts_raised = c.get("alerts.raised", 0)
     report.alerts_cleared = c.get("alerts.cleared", 0)
     report.too_late = c.get("predictions.too_late", 0)
-    report.pending = c.get("predictions.pending", 0)
     # Only now, with every record stored or dead-lettered, does progress move forward.
     store.commit_offsets(consumer, [Offset(r.topic, r.partition, r.end) for r in ranges])
     report.seconds = time.monotonic() - started

@@ -3,19 +3,23 @@
 One settings object, read from ``PRECURSOR_PIPELINE_*`` variables (or built in code and passed in), so a test or a
 flow swaps it without patching anything.
 
->>> s = PipelineSettings(alert_raise_threshold=0.8, alert_clear_threshold=0.5, allowed_lateness="15m")
->>> s.allowed_lateness_s, s.alert_rule.raise_after
-(900, 2)
->>> PipelineSettings(alert_raise_threshold=0.3, alert_clear_threshold=0.5)
+Alerts are raised at each prediction's own threshold (the model's operating point, see :mod:`contracts.alerting`);
+``alert_model_thresholds`` (per model name, e.g. ``PRECURSOR_PIPELINE_ALERT_MODEL_THRESHOLDS='{"precursor-lm": 0.3}'``)
+and ``alert_threshold`` (every model) override it for a fleet.
+
+>>> s = PipelineSettings(alert_model_thresholds={"precursor-lm": 0.3}, allowed_lateness="15m")
+>>> s.allowed_lateness_s, s.alert_rule.raise_after, s.alert_rule.threshold_for("precursor-lm", 0.269)
+(900, 2, 0.3)
+>>> PipelineSettings(alert_clear_factor=1.2)
 Traceback (most recent call last):
 ...
 pydantic_core._pydantic_core.ValidationError: 1 validation error for PipelineSettings
-  Value error, alert_clear_threshold=0.5 must be below alert_raise_threshold=0.3 (hysteresis needs a gap) ...
+alert_clear_factor
+  Input should be less than 1 ...
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated
@@ -23,20 +27,10 @@ from typing import Annotated
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contracts.alerting import DEFAULT_THRESHOLD, AlertRule
 from contracts.durations import Duration
 
 Threshold = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
-
-
-@dataclass(frozen=True)
-class AlertRule:
-    """Hysteresis: raise after ``raise_after`` consecutive windows at or above ``raise_at``; clear after
-    ``clear_after`` consecutive windows below ``clear_below``. The gap between the two stops alert storms."""
-
-    raise_at: float
-    clear_below: float
-    raise_after: int
-    clear_after: int
 
 
 class PipelineSettings(BaseSettings):
@@ -44,10 +38,20 @@ class PipelineSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="PRECURSOR_PIPELINE_", extra="forbid")
 
-    alert_raise_threshold: Threshold = 0.7
-    alert_clear_threshold: Threshold = 0.4
-    alert_raise_after: int = Field(2, ge=1, description="consecutive windows at or above the raise threshold")
-    alert_clear_after: int = Field(1, ge=1, description="consecutive windows below the clear threshold")
+    alert_default_threshold: Threshold = Field(
+        DEFAULT_THRESHOLD, description="where predictions that carry no threshold of their own (baselines) alert"
+    )
+    alert_threshold: Threshold | None = Field(
+        None, description="the fleet's alert threshold for every model, in place of each model's own"
+    )
+    alert_model_thresholds: dict[str, Threshold] = Field(
+        default_factory=dict, description="the fleet's alert threshold per model name (JSON object in the variable)"
+    )
+    alert_clear_factor: float = Field(
+        0.6, gt=0, lt=1, description="an alert clears below its threshold times this (hysteresis)"
+    )
+    alert_raise_after: int = Field(2, ge=1, description="consecutive windows at or above the threshold")
+    alert_clear_after: int = Field(1, ge=1, description="consecutive windows below the clear level")
     allowed_lateness: Duration = Field(
         timedelta(minutes=10),
         description="how far behind a source's newest event time a record may arrive and still count",
@@ -57,7 +61,7 @@ class PipelineSettings(BaseSettings):
     decision_threshold: Threshold | None = Field(
         None,
         description="risk at which a window counts as a predicted failure, for predictions that carry no threshold "
-        "of their own (the LM's carry the one chosen at training); default: the alert raise threshold",
+        "of their own (the LM's carry the one chosen at training); default: alert_default_threshold",
     )
     drift_threshold: float = Field(0.25, gt=0, description="PSI at or above which a drift event is written")
     work_dir: Path | None = Field(
@@ -79,11 +83,6 @@ class PipelineSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> PipelineSettings:
-        if self.alert_clear_threshold >= self.alert_raise_threshold:
-            raise ValueError(
-                f"alert_clear_threshold={self.alert_clear_threshold} must be below "
-                f"alert_raise_threshold={self.alert_raise_threshold} (hysteresis needs a gap)"
-            )
         if self.allowed_lateness < timedelta(0):
             raise ValueError(f"allowed_lateness={self.allowed_lateness} must not be negative")
         for name in ("monitoring_window", "monitoring_every"):
@@ -98,8 +97,14 @@ class PipelineSettings(BaseSettings):
 
     @property
     def alert_rule(self) -> AlertRule:
+        """The operating point alerts, "at risk" and the dashboard's bands all follow."""
         return AlertRule(
-            self.alert_raise_threshold, self.alert_clear_threshold, self.alert_raise_after, self.alert_clear_after
+            default_threshold=self.alert_default_threshold,
+            threshold=self.alert_threshold,
+            model_thresholds=self.alert_model_thresholds,
+            clear_factor=self.alert_clear_factor,
+            raise_after=self.alert_raise_after,
+            clear_after=self.alert_clear_after,
         )
 
     @property
@@ -109,4 +114,4 @@ class PipelineSettings(BaseSettings):
     @property
     def threshold(self) -> float:
         """The risk at which monitoring counts a window as a predicted failure."""
-        return self.alert_raise_threshold if self.decision_threshold is None else self.decision_threshold
+        return self.alert_default_threshold if self.decision_threshold is None else self.decision_threshold

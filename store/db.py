@@ -166,8 +166,12 @@ CREATE TABLE IF NOT EXISTS latest_predictions (
     model_name     VARCHAR   NOT NULL,
     model_version  VARCHAR   NOT NULL,
     emitted_at     TIMESTAMPTZ NOT NULL,
-    ingested_at    TIMESTAMPTZ NOT NULL
+    ingested_at    TIMESTAMPTZ NOT NULL,
+    threshold      DOUBLE
 );
+-- The model's threshold, so "at risk" judges each machine at its model's operating point. A store made before it
+-- gains the column (NULL until the machine's next prediction: judged at the default).
+ALTER TABLE latest_predictions ADD COLUMN IF NOT EXISTS threshold DOUBLE;
 """
     + HEARTBEATS_TABLE
     + """
@@ -189,14 +193,15 @@ CREATE TABLE IF NOT EXISTS telemetry_summaries (
 LATEST_PREDICTIONS_UPSERT = """
 INSERT INTO latest_predictions
 SELECT machine_id, edge_id, seq, window_start, window_end, horizon_h, risk, max_risk, top_kind, model_name,
-       model_version, emitted_at, ingested_at
+       model_version, emitted_at, ingested_at, threshold
 FROM incoming
 QUALIFY row_number() OVER (PARTITION BY machine_id ORDER BY window_end DESC, seq DESC) = 1
 ON CONFLICT (machine_id) DO UPDATE SET
     edge_id = excluded.edge_id, seq = excluded.seq, window_start = excluded.window_start,
     window_end = excluded.window_end, horizon_h = excluded.horizon_h, risk = excluded.risk,
     max_risk = excluded.max_risk, top_kind = excluded.top_kind, model_name = excluded.model_name,
-    model_version = excluded.model_version, emitted_at = excluded.emitted_at, ingested_at = excluded.ingested_at
+    model_version = excluded.model_version, emitted_at = excluded.emitted_at, ingested_at = excluded.ingested_at,
+    threshold = excluded.threshold
 WHERE (excluded.window_end, excluded.seq) > (latest_predictions.window_end, latest_predictions.seq)
 """
 """Keeps ``latest_predictions`` current from a batch registered as ``incoming``; run it after inserting the batch."""

@@ -11,7 +11,11 @@ const PALETTE = ["#13294b", "#e4572e", "#2f9e66", "#3b7dd8", "#d79b00", "#8e44ad
 
 const state = {
   token: null,
-  threshold: 0.7,
+  // A fixed threshold asked of the API; null: each machine is judged at its model's operating point (below).
+  threshold: null,
+  // The rule the pipeline alerts by (the fleet summary's operating_point), so live predictions are judged alike.
+  operatingPoint: { default_threshold: 0.7, threshold: null, model_thresholds: {}, clear_factor: 0.6 },
+  machineThreshold: 0.7,
   live: null,
   page: null,
   fleet: null,
@@ -38,10 +42,21 @@ function h(tag, attrs = {}, ...children) {
   return node;
 }
 
-export function level(risk) {
-  if (risk >= 0.9) return "critical";
-  if (risk >= state.threshold) return "high";
-  if (risk >= 0.4) return "elevated";
+// The threshold a prediction of `modelName` carrying `own` is judged at: the same rule as contracts/alerting.py.
+export function thresholdFor(modelName, own) {
+  const op = state.operatingPoint;
+  if (state.threshold !== null && state.threshold !== undefined) return state.threshold;
+  if (Object.hasOwn(op.model_thresholds ?? {}, modelName)) return op.model_thresholds[modelName];
+  if (op.threshold !== null && op.threshold !== undefined) return op.threshold;
+  return own ?? op.default_threshold;
+}
+
+// Bands against the operating point: high = at risk (alerts raise here), elevated = in the hysteresis gap (an alert
+// already raised stays), low = below where alerts clear; critical = high and at 90 % or more.
+export function level(risk, threshold) {
+  if (risk >= threshold && risk >= 0.9) return "critical";
+  if (risk >= threshold) return "high";
+  if (risk >= threshold * state.operatingPoint.clear_factor) return "elevated";
   return "low";
 }
 
@@ -145,8 +160,8 @@ function startLive(params, onEvent) {
 // ---------------------------------------------------------------------------------------------------------------
 // Fleet overview
 
-function riskCell(risk) {
-  const bar = h("span", { class: level(risk) });
+function riskCell(risk, threshold) {
+  const bar = h("span", { class: level(risk, threshold) });
   bar.style.width = `${Math.max(2, Math.round(risk * 100))}%`;
   return h("div", { class: "riskcell" }, h("div", { class: "bar" }, bar), h("span", { class: "riskval", text: pct(risk) }));
 }
@@ -157,7 +172,7 @@ function sortedMachines(fleet) {
 
 function renderSummary(fleet) {
   const rows = [...fleet.rows.values()];
-  const atRisk = rows.filter((r) => r.max_risk >= state.threshold).length;
+  const atRisk = rows.filter((r) => r.max_risk >= r.threshold).length;
   const alerts = rows.reduce((n, r) => n + (r.open_alerts?.length ?? 0), 0);
   const newest = rows.reduce((best, r) => (!best || r.window_end > best ? r.window_end : best), null);
   const edges = new Set(rows.map((r) => r.edge_id)).size;
@@ -167,7 +182,7 @@ function renderSummary(fleet) {
     "section",
     { class: "cards", id: "fleet-cards" },
     card("Machines", String(fleet.total), { key: "machines" }),
-    card(`At risk ≥ ${pct(state.threshold)}`, String(atRisk), { key: "at-risk", class: atRisk ? "alarm" : "" }),
+    card(state.threshold === null ? "At risk" : `At risk ≥ ${pct(state.threshold)}`, String(atRisk), { key: "at-risk", class: atRisk ? "alarm" : "" }),
     card("Open alerts", String(alerts), { key: "alerts", class: alerts ? "alarm" : "" }),
     card("Edges", String(edges), { key: "edges" }),
     card("Newest window", newest ? formatTime(ms(newest)) : "–", { key: "newest", small: true }),
@@ -181,7 +196,7 @@ function renderTiles(machines) {
     machines.map((r) =>
       h(
         "a",
-        { class: `tile ${level(r.max_risk)}`, href: `#/machine/${encodeURIComponent(r.machine_id)}`, title: `${r.machine_id}: ${pct(r.max_risk)} ${r.top_kind}`, dataset: { machine: r.machine_id } },
+        { class: `tile ${level(r.max_risk, r.threshold)}`, href: `#/machine/${encodeURIComponent(r.machine_id)}`, title: `${r.machine_id}: ${pct(r.max_risk)} ${r.top_kind}`, dataset: { machine: r.machine_id } },
         h("div", { class: "id", text: r.machine_id }),
         h("div", { class: "pct", text: pct(r.max_risk) }),
       ),
@@ -196,8 +211,8 @@ function renderTable(machines, newest) {
       { dataset: { machine: r.machine_id, risk: String(r.max_risk) } },
       h("td", { class: "right muted num", text: String(i + 1) }),
       h("td", {}, h("a", { href: `#/machine/${encodeURIComponent(r.machine_id)}`, class: "mono", text: r.machine_id })),
-      h("td", {}, riskCell(r.max_risk)),
-      h("td", {}, h("span", { class: `pill ${level(r.max_risk)}`, text: LEVEL_NAMES[level(r.max_risk)] })),
+      h("td", {}, riskCell(r.max_risk, r.threshold)),
+      h("td", {}, h("span", { class: `pill ${level(r.max_risk, r.threshold)}`, title: `alert threshold ${pct(r.threshold)}`, text: LEVEL_NAMES[level(r.max_risk, r.threshold)] })),
       h("td", {}, h("span", { class: "kind", text: r.top_kind })),
       h("td", { class: "num" }, r.elevated_since ? h("span", { class: "since", title: r.elevated_since }, h("span", { text: `${ago(r.elevated_since, ms(newest))}` }), h("small", { text: formatTime(ms(r.elevated_since)) })) : h("span", { class: "muted", text: "–" })),
       h("td", {}, (r.open_alerts ?? []).length ? r.open_alerts.map((a) => h("span", { class: "pill high", title: `raised ${a.raised_at}`, text: a.kind })) : h("span", { class: "muted", text: "–" })),
@@ -230,7 +245,7 @@ function renderFleet() {
     h(
       "div",
       { class: "page-head" },
-      h("div", {}, h("h1", { text: "Fleet risk" }), h("div", { class: "sub", text: `Each machine's latest prediction, riskiest first. At risk means ≥ ${pct(state.threshold)}.` })),
+      h("div", {}, h("h1", { text: "Fleet risk" }), h("div", { class: "sub", text: state.threshold === null ? "Each machine's latest prediction, riskiest first. At risk means at or above its model's alert threshold." : `Each machine's latest prediction, riskiest first. At risk means ≥ ${pct(state.threshold)}.` })),
     ),
     renderSummary(fleet),
     h(
@@ -274,11 +289,11 @@ function scheduleRender(render) {
   });
 }
 
-function feedItem(kind, text, risk, when = null) {
+function feedItem(kind, text, risk, when = null, threshold = state.operatingPoint.default_threshold) {
   const feed = document.getElementById("live-feed");
   if (!feed) return;
   document.getElementById("feed-empty")?.remove();
-  const badge = h("span", { class: `badge ${kind === "alert" ? "alert" : level(risk)}` });
+  const badge = h("span", { class: `badge ${kind === "alert" ? "alert" : level(risk, threshold)}` });
   const stamp = when ? formatTime(ms(when)) : new Date().toLocaleTimeString([], { hour12: false });
   const item = h("li", { class: when ? "past" : "new", dataset: { kind } }, badge, h("span", { class: "what", text }), h("span", { class: "when", text: stamp }));
   if (when) feed.append(item);
@@ -294,8 +309,9 @@ function onFleetEvent(event, payload) {
     const row = fleet.rows.get(m.machine_id);
     const newer = !row || m.window_end > row.window_end || (m.window_end === row.window_end && m.seq > row.seq);
     if (newer) {
-      const wasRisky = row && row.max_risk >= state.threshold;
-      const risky = payload.max_risk >= state.threshold;
+      const threshold = thresholdFor(m.model_name, m.threshold);
+      const wasRisky = row && row.max_risk >= row.threshold;
+      const risky = payload.max_risk >= threshold;
       const since = risky ? (wasRisky ? row.elevated_since : m.window_end) : null;
       if (!row) fleet.total += 1;
       fleet.rows.set(m.machine_id, {
@@ -310,12 +326,13 @@ function onFleetEvent(event, payload) {
         model_version: m.model_version,
         edge_id: m.edge_id,
         seq: m.seq,
+        threshold,
         elevated_since: since,
       });
       fleet.flash.add(m.machine_id);
       scheduleRender(renderFleet);
     }
-    feedItem("prediction", `${m.machine_id} ${pct(payload.max_risk)} ${payload.top_kind}`, payload.max_risk);
+    feedItem("prediction", `${m.machine_id} ${pct(payload.max_risk)} ${payload.top_kind}`, payload.max_risk, null, thresholdFor(m.model_name, m.threshold));
   } else if (event === "alert") {
     const row = fleet.rows.get(m.machine_id);
     if (row) {
@@ -333,6 +350,7 @@ async function showFleet() {
   document.body.dataset.ready = "";
   const [summary, page, alerts] = await Promise.all([api(`/fleet/summary`), api(`/machines/at-risk?limit=1000`), api(`/alerts?limit=8`)]);
   state.threshold = summary.threshold;
+  state.operatingPoint = summary.operating_point;
   state.fleet = { rows: new Map(page.items.map((r) => [r.machine_id, r])), total: page.total, flash: new Set() };
   document.getElementById("live-feed")?.replaceChildren();
   renderFleet();
@@ -421,8 +439,8 @@ function renderMachine() {
           "div",
           { class: "machine-head" },
           h("h1", { class: "mono", id: "machine-title", text: machine.id }),
-          h("span", { class: `bigrisk ${level(risk)}`, id: "machine-risk", text: pct(risk) }),
-          h("span", { class: `pill ${level(risk)}`, text: LEVEL_NAMES[level(risk)] }),
+          h("span", { class: `bigrisk ${level(risk, state.machineThreshold)}`, id: "machine-risk", text: pct(risk) }),
+          h("span", { class: `pill ${level(risk, state.machineThreshold)}`, text: LEVEL_NAMES[level(risk, state.machineThreshold)] }),
           latest ? h("span", { class: "kind", text: latest.top_kind }) : null,
         ),
         h(
@@ -549,7 +567,7 @@ async function loadMachine(id, range) {
     xMin = Math.max(xMin, xMax - span);
   }
   const timeline = await api(`/machines/${encodeURIComponent(id)}/timeline?${params}`);
-  state.threshold = timeline.threshold;
+  state.machineThreshold = timeline.threshold;
   state.machine = { id, range, timeline, xMin, xMax };
   renderMachine();
   if (!state.live || state.live.params.machine_id !== id) startLive({ topic: "predictions", machine_id: id }, onMachineEvent);
