@@ -398,6 +398,9 @@ def release_for(
     ``sha256`` is the hash of the manifest's exact bytes (which pins every file through their hashes), ``signature``
     and ``key_id`` are the manifest's, and ``size_bytes`` is the total size of the files the manifest lists: the edge
     uses it to bound a download and the unpacked size. ``artifact_uri`` defaults to the artifact's ``file://`` URI.
+
+    The result is not signed yet: edges take a release only once a :class:`models.releases.ReleaseSigner` has signed
+    it as a whole, with its issue time and expiry, after its targeting is final.
     """
     artifact = Path(artifact)
     manifest_bytes, signature, where = _signed_bytes_of(artifact)

@@ -295,6 +295,22 @@ def test_release_refuses_an_artifact_it_does_not_announce(keys: Path, tmp_path: 
         verify_release(forged, tmp_path / "a", trusted)
 
 
+def test_a_release_is_unsigned_until_a_release_signer_signs_it_and_then_verifies_off_the_wire(
+    keys: Path, tmp_path: Path
+) -> None:
+    from models.releases import ReleaseSigner, verify_release_statement
+
+    trusted = load_public_keys(keys)
+    artifact = make_artifact(tmp_path / "a", keys, "2.0.0")
+    unsigned = release_for(artifact, target="site-1")
+    with pytest.raises(SignatureError, match="is not signed"):
+        verify_release_statement(unsigned, trusted)
+    signed = ReleaseSigner.from_key_file(keys / "precursor.key")(unsigned)
+    received = decode(ModelRelease, encode(signed))
+    verify_release_statement(received, trusted)
+    verify_release(received, artifact, trusted)  # the artifact checks are unchanged by the release signature
+
+
 # --- one file for transport ---------------------------------------------------------------------------------------
 
 
