@@ -128,13 +128,26 @@ class MqttSource(_Strict):
     topics: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
     client_id: str | None = Field(None, description="default: precursor-edge-<edge_id>; must be stable")
     username: str | None = None
-    password: SecretStr | None = None
-    tls: bool = False
+    password: SecretStr | None = Field(None, description="a secret: never printed, logged or put in a repr")
+    tls: bool = Field(False, description="TLS; the broker's certificate is checked against ca_file or the system CAs")
     ca_file: Path | None = None
+    cert_file: Path | None = Field(None, description="client certificate (PEM), for brokers that require one")
+    key_file: Path | None = Field(None, description="its private key (PEM, unencrypted)")
     keepalive: Annotated[int, Field(ge=5, le=3600)] = 30
     receive_maximum: Annotated[int, Field(ge=1, le=65535)] = 2000
     session_expiry: Duration = timedelta(days=7)
     machines: Path | None = Field(None, description="optional machines file (static attributes)")
+
+    @model_validator(mode="after")
+    def _tls_complete(self) -> MqttSource:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together: set both for a client certificate, or neither")
+        files = [name for name in ("ca_file", "cert_file") if getattr(self, name) is not None]
+        if files and not self.tls:
+            raise ValueError(f"{' and '.join(files)} take effect only with tls: true; set it")
+        if self.password is not None and not self.username:
+            raise ValueError("password needs username")
+        return self
 
 
 class SimulatorSource(_Strict):
@@ -350,7 +363,8 @@ class EdgeConfig(_Strict):
             config = cls.model_validate(data)
         except ValidationError as err:
             lines = [
-                f"  {'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']} (got {e.get('input')!r:.60})"
+                f"  {'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']} "
+                f"(got {_redacted(e.get('input'), str(e['loc'][-1]) if e['loc'] else '')!r:.60})"
                 for e in err.errors(include_url=False)
             ]
             raise ConfigError(f"{source}: invalid edge config\n" + "\n".join(lines)) from None
@@ -363,7 +377,7 @@ class EdgeConfig(_Strict):
         def fix_source(s: Source) -> Source:
             paths = {
                 name: fix(getattr(s, name))
-                for name in ("telemetry", "events", "machines", "path", "ca_file")
+                for name in ("telemetry", "events", "machines", "path", "ca_file", "cert_file", "key_file")
                 if isinstance(getattr(s, name, None), Path)
             }
             return s.model_copy(update=paths)
@@ -386,6 +400,21 @@ def _default_state_dir() -> Path:
     state = PrecursorSettings()
     # An explicit PRECURSOR_STATE_DIR means the deployment's one state folder, as for the broker and the flows.
     return state.state_dir.absolute() / "edge" if "state_dir" in state.model_fields_set else Path(".state/edge")
+
+
+def _redacted(value: Any, key: str = "") -> Any:
+    """``value`` as a config error may show it: whatever sits under a password key is masked, however deep.
+
+    >>> _redacted({"host": "h", "password": "hunter2", "kafka": {"sasl_plain_password": "x"}})
+    {'host': 'h', 'password': '**********', 'kafka': {'sasl_plain_password': '**********'}}
+    """
+    if "password" in key.lower():
+        return "**********"
+    if isinstance(value, dict):
+        return {k: _redacted(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redacted(v) for v in value]
+    return value
 
 
 class ConfigError(ValueError):

@@ -11,6 +11,12 @@ Packet ids are per connection: an id received before a reconnect must not be ack
 another message), so each delivery remembers its connection and stale ones are left for the broker to resend.
 
 Payloads are JSON: one reading or event in the generic format, or an array of them.
+
+The connection is TLS with ``tls: true`` (the broker's certificate checked against ``ca_file``, a client certificate
+from ``cert_file``/``key_file`` where the broker asks for one) and logs in with ``username``/``password``. A broker
+that is away is retried for ever; one that refuses this source (wrong password, not authorized, a certificate that
+``ca_file`` does not vouch for) is not: retrying cannot mend that, so the source fails with :class:`MqttRefused`,
+which names the reason, and the agent reports it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import logging
 import queue
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -37,6 +44,18 @@ from edge_agent.sources import Item, SourceBatch
 log = logging.getLogger("precursor.edge.mqtt")
 
 _BATCH = 512
+# CONNACK reasons that the same settings will get again (MQTT 5 codes; paho maps MQTT 3.1.1's onto them).
+_REFUSALS = {
+    133: "the client id is not valid",
+    134: "bad user name or password",
+    135: "not authorized",
+    138: "banned",
+    140: "bad authentication method",
+}
+
+
+class MqttRefused(ConnectionError):
+    """The MQTT broker, or its certificate, refused this source for good; the message says why and what to check."""
 
 
 class MqttSubscription:
@@ -50,6 +69,8 @@ class MqttSubscription:
         self._generation = 0
         self._lock = threading.Lock()
         self.connected = False
+        self.refused: MqttRefused | None = None
+        self.last_error: str | None = None
         self.received = 0
         self.acknowledged = 0
         self._client: paho.Client | None = None
@@ -61,11 +82,16 @@ class MqttSubscription:
 
     def _on_connect(self, client: paho.Client, _userdata: object, _flags: Any, reason: Any, _props: Any) -> None:
         if reason.is_failure:
-            log.warning("MQTT connect to %s:%s refused: %s", self.spec.host, self.spec.port, reason)
+            if reason.value in _REFUSALS:
+                login = f"as user {self.spec.username!r}" if self.spec.username else "without a username"
+                self._refuse(client, f"refused the login {login}: {_REFUSALS[reason.value]} (check username/password)")
+            else:
+                self._note(f"connect refused: {reason}")
             return
         with self._lock:
             self._generation += 1
         self.connected = True
+        self.last_error = None
         options = SubscribeOptions(qos=1)
         client.subscribe([(topic, options) for topic in self.spec.topics])
         log.info(
@@ -76,8 +102,34 @@ class MqttSubscription:
             extra={"source": self.name},
         )
 
+    def _on_connect_fail(self, client: paho.Client, _userdata: object) -> None:
+        # paho calls this inside its ``except OSError``, and passes no error: the active exception is the reason.
+        error = sys.exc_info()[1]
+        if isinstance(error, ssl.SSLCertVerificationError):
+            trusted = f"ca_file={self.spec.ca_file}" if self.spec.ca_file else "the system's CAs"
+            self._refuse(
+                client,
+                f"TLS: its certificate was not accepted ({error.verify_message}): is it signed by {trusted}, "
+                f"for the host {self.spec.host}?",
+            )
+        else:
+            self._note(f"cannot connect: {error}")
+
+    def _refuse(self, client: paho.Client, why: str) -> None:
+        self.refused = MqttRefused(f"MQTT broker {self.spec.host}:{self.spec.port} {why} [source {self.name}]")
+        self.last_error = str(self.refused)
+        log.error("%s", self.refused, extra={"source": self.name})
+        client.disconnect()  # ends paho's retry loop: the same settings would be refused again
+
+    def _note(self, error: str) -> None:
+        if error != self.last_error:  # once per new reason, not once per retry
+            log.warning("MQTT %s:%s: %s; retrying", self.spec.host, self.spec.port, error, extra={"source": self.name})
+        self.last_error = error
+
     def _on_disconnect(self, _client: paho.Client, _userdata: object, _flags: Any, reason: Any, _props: Any) -> None:
         self.connected = False
+        if getattr(reason, "is_failure", False) and self.refused is None:
+            self.last_error = f"disconnected: {reason}"
         log.warning("MQTT disconnected from %s:%s: %s", self.spec.host, self.spec.port, reason)
 
     def _on_message(self, _client: paho.Client, _userdata: object, message: paho.MQTTMessage) -> None:
@@ -95,8 +147,14 @@ class MqttSubscription:
             password = self.spec.password.get_secret_value() if self.spec.password else None
             client.username_pw_set(self.spec.username, password)
         if self.spec.tls:
-            client.tls_set(ca_certs=str(self.spec.ca_file) if self.spec.ca_file else None, cert_reqs=ssl.CERT_REQUIRED)
+            client.tls_set(
+                ca_certs=str(self.spec.ca_file) if self.spec.ca_file else None,
+                certfile=str(self.spec.cert_file) if self.spec.cert_file else None,
+                keyfile=str(self.spec.key_file) if self.spec.key_file else None,
+                cert_reqs=ssl.CERT_REQUIRED,
+            )
         client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.reconnect_delay_set(min_delay=1, max_delay=30)
@@ -118,6 +176,9 @@ class MqttSubscription:
         # The client stays connected when this ends: the agent still acknowledges what it commits while stopping,
         # then calls close().
         while not stop.is_set():
+            if self.refused is not None:
+                self.close()
+                raise self.refused
             try:
                 first = self._inbox.get(timeout=0.1)
             except queue.Empty:
