@@ -368,9 +368,12 @@ class EdgeConfig(_Strict):
                 for e in err.errors(include_url=False)
             ]
             raise ConfigError(f"{source}: invalid edge config\n" + "\n".join(lines)) from None
-        return config._relative_to(base)
+        kafka = data.get("kafka")
+        return config._relative_to(base, kafka_keys=set(kafka) if isinstance(kafka, dict) else set())
 
-    def _relative_to(self, base: Path) -> EdgeConfig:
+    def _relative_to(self, base: Path, kafka_keys: set[str] | frozenset[str] = frozenset()) -> EdgeConfig:
+        """Paths the file gave, relative to its folder (a Kafka path from a PRECURSOR_KAFKA_* variable stays as is)."""
+
         def fix(p: Path | None) -> Path | None:
             return p if p is None or p.is_absolute() else base / p
 
@@ -386,8 +389,14 @@ class EdgeConfig(_Strict):
             update={"artifact": fix(self.model.artifact), "trusted_keys": [fix(k) for k in self.model.trusted_keys]}
         )
         machines = self.machines.model_copy(update={"file": fix(self.machines.file)})
+        kafka_files = {
+            name: str(fix(Path(value)))
+            for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+            if name in kafka_keys and (value := getattr(self.kafka, name))
+        }
         return self.model_copy(
             update={
+                "kafka": self.kafka.model_copy(update=kafka_files),
                 "sources": [fix_source(s) for s in self.sources],
                 "model": model,
                 "machines": machines,

@@ -273,6 +273,12 @@ class LocalKafka(BaseSettings):
         return self.home / "broker.pid"
 
     @property
+    def listener_file(self) -> Path:
+        """What the storage was formatted for: PLAINTEXT (also when the file is missing, as before it existed) or
+        SASL_SSL."""
+        return self.home / "formatted-for"
+
+    @property
     def keystore_file(self) -> Path:
         return self.home / "tls" / "broker-keystore.pem"
 
@@ -323,11 +329,13 @@ class LocalKafka(BaseSettings):
         else:
             java = self._java()
             self._refuse_busy_ports()
+            self._refuse_other_listener()
             jars = self.resolve_jars(say)
             self._write_config()
             if not (self.data_dir / "meta.properties").exists():
                 say(f"formatting KRaft storage in {self.data_dir}")
                 self._format_storage(java, jars)
+                self.listener_file.write_text(self.server_properties()["inter.broker.listener.name"])
             say(f"starting Kafka {kafka_version()} (heap {self.heap_mb} MiB, log {self.logs_dir / 'server.log'})")
             pid = self._launch(java, jars)
         self._wait_until_answering(pid, deadline)
@@ -398,6 +406,19 @@ class LocalKafka(BaseSettings):
                     f"{name}={port} on {self.host} is in use by another process (not the broker of {self.state_dir}):"
                     f" stop it, or choose another port (PRECURSOR_LOCAL_KAFKA_{name.upper()})"
                 )
+
+    def _refuse_other_listener(self) -> None:
+        """A plaintext storage has no admin credential, and a secured one must not start open: either way, say so
+        now instead of waiting for a broker that will never let us in."""
+        if not (self.data_dir / "meta.properties").exists():
+            return
+        formatted = self.listener_file.read_text().strip() if self.listener_file.exists() else "PLAINTEXT"
+        wanted = _CLIENT_LISTENER[self.security is not None]
+        if formatted != wanted:
+            raise BrokerError(
+                f"the storage in {self.data_dir} was formatted for a {formatted} broker, not {wanted}: start this "
+                "broker on another state folder (PRECURSOR_STATE_DIR), or remove that one to begin afresh"
+            )
 
     def _jvm_command(self, java: str, jars: Path, main: str) -> list[str]:
         return [

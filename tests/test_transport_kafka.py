@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
@@ -18,9 +19,10 @@ from pydantic import SecretStr
 from contracts.messages import Prediction, decode
 from contracts.settings import KafkaSettings
 from contracts.topics import Topics
+from edge_agent.config import EdgeConfig
 from edge_agent.publisher import KafkaPublisher
 from infra.kafka_admin import KafkaAccessError, add_scram_users, check_access, edge_acls, ensure_topics, grant_acls
-from infra.kafka_broker import BrokerSecurity, LocalKafka, free_ports
+from infra.kafka_broker import BrokerError, BrokerSecurity, LocalKafka, free_ports
 from infra.processes import process_cmdline
 from pipelines.kafka_io import ReadPartitionRange, plan_ranges
 from tests.conftest import shared_kafka_lib_dir
@@ -250,3 +252,35 @@ def test_no_password_reaches_a_log_a_repr_or_a_command_line(
     assert broker.properties_file.stat().st_mode & 0o077 == 0
     assert broker.keystore_file.stat().st_mode & 0o077 == 0
     assert not (broker.home / "format.args").exists()
+
+
+def test_tls_files_in_an_edge_config_are_relative_to_the_file_and_variables_are_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PRECURSOR_KAFKA_SSL_CERTFILE", "from-env/client.pem")
+    config_file = tmp_path / "edge.yaml"
+    config_file.write_text(
+        "edge_id: e1\n"
+        "kafka: {security_protocol: SSL, ssl_cafile: certs/ca.pem}\n"
+        "sources: [{type: replay, telemetry: t.csv}]\n"
+    )
+    kafka = EdgeConfig.load(config_file).kafka
+    assert kafka.ssl_cafile == str(tmp_path / "certs" / "ca.pem")
+    assert kafka.ssl_certfile == "from-env/client.pem"
+
+
+def test_a_plaintext_storage_is_not_started_secured_nor_a_secured_one_open(tmp_path: Path) -> None:
+    ca = TestCA(tmp_path / "ca")
+    issued = ca.issue("precursor-broker")
+    security = BrokerSecurity(
+        ca_file=ca.cert_file, cert_file=issued.cert_file, key_file=issued.key_file, admin_password=SecretStr("x" * 12)
+    )
+    port, controller_port = free_ports(2)
+    plain = LocalKafka(state_dir=tmp_path / "state", port=port, controller_port=controller_port)
+    plain.data_dir.mkdir(parents=True)
+    (plain.data_dir / "meta.properties").write_text("node.id=1\n")  # formatted earlier, by a plaintext broker
+    with pytest.raises(BrokerError, match="formatted for a PLAINTEXT broker, not SASL_SSL"):
+        plain.model_copy(update={"security": security}).up(timeout_s=5)
+    plain.listener_file.write_text("SASL_SSL")
+    with pytest.raises(BrokerError, match="formatted for a SASL_SSL broker, not PLAINTEXT"):
+        plain.up(timeout_s=5)
