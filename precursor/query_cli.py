@@ -36,6 +36,7 @@ ThresholdOption = Annotated[
 AT_RISK_COLUMNS = (
     "machine_id",
     "max_risk",
+    "threshold",
     "top_kind",
     "elevated_since",
     "open_alerts",
@@ -167,9 +168,11 @@ def query_at_risk(
     fmt: FormatOption = OutputFormat.table,
     as_json: JsonFlag = False,
 ) -> None:
-    """The machines most at risk now: each machine's latest prediction, riskiest first, why, and since when."""
-    from store.queries import DEFAULT_THRESHOLD
+    """The machines most at risk now: each machine's latest prediction, riskiest first, why, and since when. Each is
+    judged at its model's alert threshold (as the pipeline alerts, PRECURSOR_PIPELINE_ALERT_*) unless --threshold."""
+    from pipelines.settings import PipelineSettings
 
+    rule = PipelineSettings().alert_rule
     start = since_time(since)
     page = _ask(
         lambda s: s.at_risk(
@@ -180,7 +183,8 @@ def query_at_risk(
             edge_id=edge,
             model_version=model_version,
             kind=kind,
-            threshold=DEFAULT_THRESHOLD if threshold is None else threshold,
+            threshold=threshold,
+            rule=rule,
         ),
         store,
     )
