@@ -8,6 +8,13 @@ SIGTERM (or Ctrl-C) drains and flushes: the readers stop, what they already read
 sources are acknowledged, a last heartbeat is committed, and the sender gets ``drain_timeout`` to empty the outbox
 into Kafka. Whatever is left stays in the outbox for the next start.
 
+A source that fails (an exception out of its reader; a bad *record* never does that, it is quarantined) stops the
+agent the same way, and the process exits with status 1 naming the source and the error (:class:`SourceFailure`):
+crash-only, as the positions, the open windows and the outbox are all committed together, a restart (systemd's
+``Restart=always``) continues from exactly where the failed source's last handled batch ended, with the broker's
+unacknowledged MQTT messages redelivered. The agent never goes on with a dead source while looking alive, and never
+exits 0 after one failed.
+
     python -m edge_agent.daemon --config edge.yaml      # what ``precursor edge run --config edge.yaml`` runs
 """
 
@@ -46,6 +53,15 @@ SCORING_FAILURE_S = 60.0
 """After windows failed to score (and no model was left to roll back to), health says failing for this long."""
 STALL_S = 30.0
 """The agent's loop not turning for this long means it is failing (stuck), whatever else looks fine."""
+
+
+class SourceFailure(RuntimeError):
+    """A source failed; the agent stopped after committing what it had read. ``stats`` are the run's figures."""
+
+    def __init__(self, failures: dict[str, str], stats: AgentStats) -> None:
+        super().__init__("; ".join(f"source {name} failed: {error}" for name, error in failures.items()))
+        self.failures = failures
+        self.stats = stats
 
 
 @dataclass(frozen=True)
@@ -242,7 +258,15 @@ class AgentDaemon:
                 idle = not item.items
             elif isinstance(item, _SourceEnded):
                 self._ended[item.source] = item.error
-                log.info("source %s ended", item.source, extra={"source": item.source, "error": item.error})
+                if item.error is not None:
+                    log.error(
+                        "source %s failed (%s): stopping, to restart from the committed positions",
+                        item.source,
+                        item.error,
+                        extra={"source": item.source, "error": item.error},
+                    )
+                    break
+                log.info("source %s ended", item.source, extra={"source": item.source})
             if now >= next_lag_check:
                 self._note_oldest()
                 next_lag_check = now + 1.0
@@ -308,6 +332,11 @@ class AgentDaemon:
         )
 
     # --- what the operator sees ---------------------------------------------------------------------------------
+
+    @property
+    def source_failures(self) -> dict[str, str]:
+        """The sources that failed, with their errors."""
+        return {name: error for name, error in self._ended.items() if error is not None}
 
     def outbox_lag_s(self) -> float:
         """Age of the oldest message not yet acknowledged by Kafka (0 when the outbox is empty), as of the last
@@ -409,7 +438,9 @@ class AgentDaemon:
 
 
 def run_agent(config_path: str | Path, *, stop: threading.Event | None = None) -> AgentStats:
-    """Load and validate the config, run the agent until SIGTERM/Ctrl-C (or every source ended); return its stats."""
+    """Load and validate the config, run the agent until SIGTERM/Ctrl-C (or every source ended); return its stats.
+
+    Raises :class:`SourceFailure` when a source failed (the agent stopped because of it)."""
     config = EdgeConfig.load(config_path)
     configure_logging(config.log.format, config.log.level)
     daemon = AgentDaemon(config, stop=stop)
@@ -423,7 +454,10 @@ def run_agent(config_path: str | Path, *, stop: threading.Event | None = None) -
         for signum in (signal.SIGTERM, signal.SIGINT):
             previous[signum] = signal.signal(signum, on_signal)
     try:
-        return daemon.run()
+        stats = daemon.run()
+        if daemon.source_failures:
+            raise SourceFailure(daemon.source_failures, stats)
+        return stats
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -438,6 +472,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except SourceFailure as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print(
         f"edge agent done: {stats.readings} readings, {stats.windows} windows, {stats.predictions} predictions, "
         f"{stats.events} events, {stats.quarantined} quarantined"

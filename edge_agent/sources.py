@@ -201,12 +201,16 @@ def _batched(
     speedup: float,
     stop: threading.Event,
     encode: Callable[[Mark], str],
+    max_ahead_s: float | None = None,
 ) -> Iterator[SourceBatch]:
     """Group items into batches; a paced source hands over what it has before it sleeps.
 
     Each item comes with its *mark*, the source's position just after it; a batch carries the mark of its last item,
     so the position counts exactly the items handed on. An item held back during a pacing wait (or when ``stop``
     comes) is not in it: a restart reads that item again rather than skipping it.
+
+    A reading stamped more than ``max_ahead_s`` past the wall clock is not waited for (nor does it set the pace): the
+    agent quarantines it as from the future, and waiting for its time would stall the replay for years.
     """
     pace = _Pace(speedup)
     batch: list[Item] = []
@@ -216,7 +220,8 @@ def _batched(
         if stop.is_set():
             break
         if isinstance(item, Reading | TelemetryReading) and pace.speedup:
-            wait = pace.delay(item.t if isinstance(item, Reading) else item.timestamp.timestamp())
+            t = item.t if isinstance(item, Reading) else item.timestamp.timestamp()
+            wait = 0.0 if max_ahead_s is not None and t > time.time() + max_ahead_s else pace.delay(t)
             while wait > 0:
                 if batch:
                     yield SourceBatch(name, batch, encode(mark), arrived=started)
@@ -225,7 +230,7 @@ def _batched(
                     yield SourceBatch(name, [])  # nothing new yet: the agent may commit and send heartbeats
                 if stop.wait(min(wait, 0.2)):
                     return
-                wait = pace.delay(item.t if isinstance(item, Reading) else item.timestamp.timestamp())
+                wait = pace.delay(t)
         if not batch:
             started = time.monotonic()
         batch.append(item)
@@ -304,7 +309,13 @@ class FileReplay:
         if self.spec.speedup > 0:  # paced: item by item, so each waits for its time
             counted = zip(itertools.islice(iter(self), skip, None), itertools.count(skip + 1))
             yield from _batched(
-                self.name, counted, self.spec.batch_rows, self.spec.speedup, stop, lambda n: json.dumps({"items": n})
+                self.name,
+                counted,
+                self.spec.batch_rows,
+                self.spec.speedup,
+                stop,
+                lambda n: json.dumps({"items": n}),
+                max_ahead_s=self.limits.max_future.total_seconds(),
             )
             return
         chunks = self._chunks()

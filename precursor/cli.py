@@ -66,12 +66,15 @@ def edge_run(
 ) -> None:
     """Run an edge agent: read its sources, score every window, publish predictions and events to Kafka."""
     from edge_agent.config import ConfigError
-    from edge_agent.daemon import run_agent
+    from edge_agent.daemon import SourceFailure, run_agent
 
     try:
         stats = run_agent(config)
     except ConfigError as err:
         raise fail(str(err)) from None
+    except SourceFailure as err:  # status 1, not fail()'s 2: a restart continues from the committed positions
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
     typer.echo(
         f"edge agent done: {stats.readings} readings, {stats.windows} windows, {stats.predictions} predictions, "
         f"{stats.events} events, {stats.quarantined} quarantined"

@@ -308,3 +308,20 @@ def test_replay_quarantines_a_parquet_row_python_cannot_hold_and_reads_the_rest(
     assert [type(i).__name__ for i in items] == ["Reading", "RowError", "RowError"]
     assert "unreadable Parquet row" in items[1].reason  # type: ignore[union-attr]
     assert "sensor temp=1e+300 is too large" in items[2].reason  # type: ignore[union-attr]
+
+
+def test_a_paced_replay_does_not_wait_for_a_reading_stamped_in_the_far_future(tmp_path: Path) -> None:
+    """The agent quarantines it (past input.max_future); waiting for its time stalled the replay for decades."""
+    far = 1767225600 + 50 * 365 * 86400
+    (tmp_path / "t.csv").write_text(HEADER + line(0) + f"{far},m1,99\n" + line(1) + line(2))
+    spec = ReplaySource(telemetry=tmp_path / "t.csv", speedup=10.0)
+    got: list[float] = []
+    stop = threading.Event()
+    reader = threading.Thread(
+        target=lambda: got.extend(i.values[0] for b in FileReplay(spec).batches(None, stop) for i in b.items),
+        daemon=True,
+    )
+    reader.start()
+    reader.join(5)
+    stop.set()
+    assert got == [0.0, 99.0, 1.0, 2.0]
