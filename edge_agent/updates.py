@@ -183,11 +183,16 @@ class ReleaseLedger:
             log.error("model updates: %s is unreadable (%s); starting without accepted releases", self.path, err)
             return {}
 
-    def check(self, release: ModelRelease, digest: str) -> str | None:
+    def check(self, release: ModelRelease, digest: str, running: RunningModel) -> str | None:
         """Why taking ``release`` is a no-op (a repeat of the accepted one), None to go on, or
-        :class:`UpdateRefused` when it would go back: older, a downgrade, or another artifact under one version."""
+        :class:`UpdateRefused` when it would go back: older, a downgrade, or another artifact under one version.
+
+        Before any release was accepted for the target, the model running (the one the edge was installed with) is
+        the mark a release must not go below."""
         accepted = self.accepted.get(release.target)
         if accepted is None:
+            if running.sha256 is not None and running.scorer.name == release.model_name:
+                self._not_back(release, running.scorer.version, running.sha256, "running here")
             return None
         this = f"{release.version} (issued {release.released_at.isoformat()})"
         that = f"{accepted.version} (issued {accepted.released_at.isoformat()})"
@@ -203,18 +208,21 @@ class ReleaseLedger:
                 f"release {this} differs from release {that}, accepted for target {release.target!r} with the same "
                 "issue time"
             )
-        older = version_sort_key(release.version) < version_sort_key(accepted.version)
-        if older and not release.rollback:
-            raise UpdateRefused(
-                f"downgrade: version {release.version} is older than version {accepted.version}, accepted for target "
-                f"{release.target!r}; only a release signed as a rollback goes back"
-            )
-        if release.version == accepted.version and release.sha256 != accepted.sha256:
-            raise UpdateRefused(
-                f"version {release.version} was accepted for target {release.target!r} with artifact "
-                f"{accepted.sha256[:12]}; this release of version {release.version} has another ({release.sha256[:12]})"
-            )
+        self._not_back(release, accepted.version, accepted.sha256, f"accepted for target {release.target!r}")
         return None
+
+    @staticmethod
+    def _not_back(release: ModelRelease, version: str, sha256: str, where: str) -> None:
+        if version_sort_key(release.version) < version_sort_key(version) and not release.rollback:
+            raise UpdateRefused(
+                f"downgrade: version {release.version} is older than version {version}, {where}; only a release "
+                "signed as a rollback goes back"
+            )
+        if release.version == version and release.sha256 != sha256:
+            raise UpdateRefused(
+                f"version {release.version} is {where} with artifact {sha256[:12]}; this release of version "
+                f"{release.version} has another ({release.sha256[:12]})"
+            )
 
     def accept(self, release: ModelRelease, digest: str) -> None:
         self.accepted[release.target] = AcceptedRelease(
@@ -340,7 +348,7 @@ class ModelUpdater:
             failed = self.refused.get(release.sha256)
             if failed is not None:
                 raise UpdateRefused(f"its model failed here before: {failed}")
-            repeat = self.ledger.check(release, digest)
+            repeat = self.ledger.check(release, digest, self.slot.running)
         except UpdateRefused as err:
             return self._done(release, started, applied=False, reason=str(err), refused=True)
         if repeat is not None:

@@ -26,7 +26,7 @@ from contracts.messages import Heartbeat, ModelRelease, decode, encode
 from contracts.settings import KafkaSettings
 from edge_agent.config import EdgeConfig, SelfTestSpec
 from edge_agent.daemon import AgentDaemon
-from edge_agent.scorers import RunningModel, ScorerSlot, load_running
+from edge_agent.scorers import RunningModel, ScorerSlot, load_lm, load_running
 from edge_agent.updates import MAX_RELEASE_BYTES, ModelUpdater, UpdateFollower, UpdateOutcome, UpdateRefused, self_test
 from models.baselines import DriftZScore
 from models.keys_cli import keys_command
@@ -310,6 +310,17 @@ def test_an_older_release_sent_later_is_refused_naming_both_versions(
     assert "replayed or stale" in updater.apply(v3).reason  # and the older 0.3.0 release cannot come back either
 
 
+def test_an_edge_installed_with_a_model_takes_no_older_release_of_it_before_any_release(
+    tmp_path: Path, artifacts: dict[str, Path]
+) -> None:
+    updater = updater_for(tmp_path, artifacts)
+    updater.slot.swap(load_lm(artifacts["v3"], updater.config.model, updater.trusted_keys))  # as configured
+    refused = updater.apply(signed(artifacts, "v1"))
+    assert not refused.applied
+    assert "downgrade: version 0.1.0 is older than version 0.3.0, running here" in refused.reason
+    assert updater.slot.running.scorer.version == "0.3.0"
+
+
 def test_a_refused_tampered_copy_never_shadows_the_genuine_release(
     tmp_path: Path, artifacts: dict[str, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -385,7 +396,7 @@ def test_forged_replayed_downgraded_expired_and_unsigned_releases_are_refused_th
     assert "is not signed" in reasons["unsigned"]
     assert "replayed or stale: release 0.1.0" in reasons["replayed"] and "release 0.2.0" in reasons["replayed"]
     assert "downgrade: version 0.1.0 is older than version 0.2.0" in reasons["downgraded"]
-    assert "version 0.2.0 was accepted for target 'fleet' with artifact" in reasons["same version, other bytes"]
+    assert "version 0.2.0 is accepted for target 'fleet' with artifact" in reasons["same version, other bytes"]
     assert reasons["expired"].startswith("expired: release precursor-lm 0.3.0 expired at")
     assert updater.slot.running.scorer.version == "0.2.0"
     newer = updater.apply(sign(release_for(artifacts["v3"])))
