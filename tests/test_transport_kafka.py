@@ -5,10 +5,10 @@ password, an untrusted certificate and a plaintext client are refused; an edge c
 from __future__ import annotations
 
 import secrets
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -20,13 +20,14 @@ from contracts.messages import Prediction, decode
 from contracts.settings import KafkaSettings
 from contracts.topics import Topics
 from edge_agent.config import EdgeConfig
-from edge_agent.publisher import KafkaPublisher
+from edge_agent.daemon import AgentDaemon
 from infra.kafka_admin import KafkaAccessError, add_scram_users, check_access, edge_acls, ensure_topics, grant_acls
 from infra.kafka_broker import BrokerError, BrokerSecurity, LocalKafka, free_ports
 from infra.processes import process_cmdline
-from pipelines.kafka_io import ReadPartitionRange, plan_ranges
+from pipelines.kafka_io import KafkaRecord, ReadPartitionRange, plan_ranges
 from tests.conftest import shared_kafka_lib_dir
 from tests.fixtures_tls import TestCA
+from tests.test_edge_support import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +37,7 @@ EDGE_GROUP = "site-a.edge.edge-plant-a"
 ADMIN_PASSWORD = f"admin-{secrets.token_urlsafe(12)}"
 EDGE_PASSWORD = f"edge-{secrets.token_urlsafe(12)}"
 OWN, OTHER = Topics("site-a"), Topics("site-b")
+T0 = 1_767_225_600
 
 
 @dataclass(frozen=True)
@@ -105,18 +107,9 @@ def edge_settings(secured: SecuredKafka, monkeypatch: pytest.MonkeyPatch) -> Env
     return settings
 
 
-def _prediction(machine_id: str) -> Prediction:
-    return Prediction(
-        edge_id=EDGE_USER,
-        seq=1,
-        machine_id=machine_id,
-        window_start=datetime(2026, 1, 1, tzinfo=UTC),
-        window_end=datetime(2026, 1, 1, 1, tzinfo=UTC),
-        horizon_h=24,
-        risk={"failure": 0.25},
-        model_name="zscore",
-        model_version="0.1.0",
-    )
+def _decode_prediction(record: KafkaRecord) -> Prediction:
+    assert record.value is not None
+    return decode(Prediction, record.value)
 
 
 def _produce(settings: KafkaSettings, topic: str) -> None:
@@ -127,15 +120,35 @@ def _produce(settings: KafkaSettings, topic: str) -> None:
         producer.close(timeout=5)
 
 
-def test_an_edge_with_its_credentials_publishes_a_prediction_that_the_pipeline_reads(
-    secured: SecuredKafka, edge_settings: EnvSettings
+def test_an_edge_agent_with_its_credentials_publishes_predictions_that_the_pipeline_reads(
+    secured: SecuredKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = edge_settings()
-    assert settings.security_protocol == "SASL_SSL" and settings.sasl_plain_password is not None
-    sent = _prediction(f"pump-{uuid.uuid4().hex[:6]}")
-    publisher = KafkaPublisher(settings)  # the edge's own publisher, acks=all
-    publisher.send(sent)
-    publisher.close()
+    """The whole edge path (replay, windows, scorer, outbox, sender) configured as an operator would: the kafka
+    section of its YAML file, the password from a variable, the CA file relative to the config."""
+    (tmp_path / "ca.pem").write_bytes(secured.ca.cert_file.read_bytes())
+    rows = ["timestamp,machine_id,temp"] + [f"{T0 + 60 * minute},m1,{20 + minute % 7}" for minute in range(31)]
+    (tmp_path / "telemetry.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "edge.yaml").write_text(
+        f"edge_id: {EDGE_USER}\n"
+        f"kafka: {{bootstrap_servers: '{secured.broker.bootstrap}', topic_prefix: {OWN.prefix},\n"
+        "        security_protocol: SASL_SSL, sasl_mechanism: SCRAM-SHA-512,\n"
+        f"        sasl_plain_username: {EDGE_USER}, ssl_cafile: ca.pem}}\n"
+        "sources: [{type: replay, telemetry: telemetry.csv}]\n"
+        "window: {length: 10m, every: 5m, min_points: 2}\n"
+        "health: {enabled: false}\n"
+        "exit_when_sources_end: false\n"
+        "state_dir: state\n"
+    )
+    monkeypatch.setenv("PRECURSOR_KAFKA_SASL_PLAIN_PASSWORD", EDGE_PASSWORD)
+    daemon = AgentDaemon(EdgeConfig.load(tmp_path / "edge.yaml"))
+    runner = threading.Thread(target=daemon.run, daemon=True)
+    runner.start()
+    try:
+        wait_for(lambda: daemon.agent.stats.readings == 31 and daemon.outbox.depth == 0, 30, what="all sent")
+    finally:
+        daemon.request_stop()
+        runner.join(20)
+    assert daemon.sender is not None and daemon.sender.last_error is None
 
     pipeline = secured.broker.kafka_settings()  # the pipeline runs as the admin
     reader = ReadPartitionRange(pipeline)
@@ -144,8 +157,8 @@ def test_an_edge_with_its_credentials_publishes_a_prediction_that_the_pipeline_r
         records = [rec for r in plan_ranges(pipeline, OWN.predictions, {}) for rec in reader.process(r)]
     finally:
         reader.teardown()
-    received = [decode(Prediction, rec.value) for rec in records if rec.key == sent.machine_id.encode()]
-    assert received == [sent]
+    windows = [p.window_end.timestamp() - T0 for p in map(_decode_prediction, records) if p.edge_id == EDGE_USER]
+    assert sorted(windows) == [300.0 * k for k in range(1, 7)]
 
 
 def test_an_edge_reads_model_releases_in_its_own_consumer_group_and_no_other(
