@@ -9,7 +9,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from selenium import webdriver
+from selenium.webdriver.common.by import By
 
 from api.app import create_app
 from api.settings import ApiSettings
@@ -18,7 +21,8 @@ from contracts.settings import KafkaSettings
 from pipelines.run import run_once
 from pipelines.settings import PipelineSettings
 from store import connect
-from tests.fixtures_api import TOKEN
+from tests.fixtures_api import TOKEN, serving
+from tests.test_dashboard_browser import browser, read, wait_for  # noqa: F401 (a fixture)
 from tests.test_pipeline_alerts import consumed_alerts, produce
 from tests.test_pipeline_labeling import T0
 
@@ -62,16 +66,25 @@ def open_in_table(store: Path) -> set[tuple[str, str]]:
 
 
 @pytest.fixture
-def api(tmp_path: Path, kafka_settings: KafkaSettings) -> Iterator[tuple[TestClient, Path]]:
+def ingested(tmp_path: Path, kafka_settings: KafkaSettings) -> Path:
     store = tmp_path / "store.duckdb"
     produce(kafka_settings, fleet_predictions())
     report = run_once(kafka_settings, store, pipeline_settings=SETTINGS)
     # Decided in the run that read them: the newest window completes pump-00's streak, no newer window needed.
     assert (report.read, report.alerts_raised, report.alerts_cleared) == (16, 3, 1)
-    app = create_app(ApiSettings(tokens=TOKEN, store=store), kafka_settings)
+    return store
+
+
+def make_app(store: Path, kafka: KafkaSettings) -> FastAPI:
+    app = create_app(ApiSettings(tokens=TOKEN, store=store, live_poll_ms=100), kafka)
     app.state.alert_rule = SETTINGS.alert_rule
-    with TestClient(app) as client:
-        yield client, store
+    return app
+
+
+@pytest.fixture
+def api(ingested: Path, kafka_settings: KafkaSettings) -> Iterator[tuple[TestClient, Path]]:
+    with TestClient(make_app(ingested, kafka_settings)) as client:
+        yield client, ingested
 
 
 def get(client: TestClient, path: str, **params: object) -> dict:
@@ -120,3 +133,41 @@ def test_a_machine_above_its_models_threshold_gets_an_open_alert_and_the_pages_a
     assert get(client, "/machines/pump-00/timeline")["threshold"] == LM_THRESHOLD
     assert get(client, "/machines/pump-03/timeline")["threshold"] == 0.5
     assert get(client, "/fleet/summary", threshold=0.7)["at_risk"] == 0
+
+
+@pytest.mark.integration
+def test_the_dashboard_bands_and_counts_follow_each_models_operating_point_live_too(
+    ingested: Path,
+    kafka_settings: KafkaSettings,
+    browser: webdriver.Chrome,  # noqa: F811
+) -> None:
+
+    def card(key: str) -> str:
+        return browser.find_element(By.CSS_SELECTOR, f'[data-card="{key}"] .value').text
+
+    with serving(make_app(ingested, kafka_settings)) as base:
+        browser.get(f"{base}/dashboard/#token={TOKEN}")
+        wait_for("the fleet page", lambda: browser.execute_script("return document.body.dataset.ready") == "fleet")
+        wait_for(
+            "the live tail", lambda: browser.find_element(By.ID, "live-status").get_attribute("data-state") == "live"
+        )
+        assert (card("at-risk"), card("alerts")) == ("1", "2")  # as the API and the alerts table say
+        bands = {m: c.split()[1] for m, c in read(browser, "#risk-map .tile", "data-machine", "class")}
+        assert bands == {
+            "pump-00": "high",
+            "pump-01": "elevated",
+            "pump-02": "low",
+            "pump-03": "elevated",
+            "pump-04": "low",
+        }
+
+        # pump-04's model (threshold 0.269) sends 0.3 live: the page judges it at that threshold, not at a fixed one.
+        end = T0 + timedelta(hours=4)
+        fresh = Prediction(
+            edge_id="edge-pump-04", seq=4, machine_id="pump-04", window_start=end - timedelta(hours=6), window_end=end,
+            horizon_h=24, risk={"failure": 0.3}, model_name="precursor-lm", model_version="3", threshold=LM_THRESHOLD,
+        )  # fmt: skip
+        produce(kafka_settings, [fresh])
+        wait_for("pump-04 at risk", lambda: card("at-risk") == "2")
+        tiles = dict(read(browser, "#risk-map .tile", "data-machine", "class"))
+        assert "high" in tiles["pump-04"].split()
