@@ -6,14 +6,29 @@ Torch, transformers and scikit-learn are imported inside the commands, so ``prec
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from contracts.durations import parse_duration
+from models.progress import NO_PROGRESS, Progress
 
 log = logging.getLogger(__name__)
+
+
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars on stderr.")]
+ProgressOption = Annotated[
+    bool, typer.Option("--progress", help="Progress bars on stderr even when it is not a terminal (a log, a pipe).")
+]
+
+
+def _progress(quiet: bool, force: bool) -> AbstractContextManager[Progress]:
+    """Bars on stderr for a person at a terminal (stdout stays exactly what it is without them)."""
+    from models.progress import TerminalProgress, wanted
+
+    return TerminalProgress() if wanted(quiet=quiet, force=force) else nullcontext(NO_PROGRESS)
 
 
 def _hours(value: str, option: str) -> float:
@@ -123,6 +138,8 @@ def train_command(
             "token_dropout=0.2, ordinal_init=false ... (the fields of models.train.TrainSettings).",
         ),
     ] = None,
+    quiet: QuietOption = False,
+    progress: ProgressOption = False,
 ) -> None:
     """Train the telemetry language model; choose its alert threshold on a validation period at the end of the data."""
     from pydantic import ValidationError
@@ -161,16 +178,18 @@ def train_command(
     except ValidationError as err:
         raise _fail(f"invalid training settings: {err}") from None
     try:
-        result = train(
-            telemetry,
-            events,
-            out,
-            settings,
-            machines=machines,
-            until=until,
-            signing_key=signing_key,
-            version=version,
-        )
+        with _progress(quiet, progress) as shown:
+            result = train(
+                telemetry,
+                events,
+                out,
+                settings,
+                machines=machines,
+                until=until,
+                signing_key=signing_key,
+                version=version,
+                progress=shown,
+            )
     except (DatasetError, TokenizerError, ContractError, FileNotFoundError, ValueError) as err:
         raise _fail(str(err)) from None
     typer.echo(describe(result.meta))
@@ -194,6 +213,8 @@ def evaluate_command(
         Path | None, typer.Option(help="Public key file or folder that may sign the artifact (for signed artifacts).")
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+    quiet: QuietOption = False,
+    progress: ProgressOption = False,
 ) -> None:
     """Evaluate the model and two baselines on the same test windows, each at its validation-chosen threshold."""
     from contracts.messages import ContractError
@@ -201,16 +222,19 @@ def evaluate_command(
     from models.evaluate import evaluate
     from models.tokenizer import TokenizerError
 
+    horizon_h = _hours(horizon, "--horizon") if horizon is not None else None
     try:
-        report = evaluate(
-            model,
-            telemetry,
-            events,
-            machines,
-            horizon_h=_hours(horizon, "--horizon") if horizon is not None else None,
-            since=since,
-            trusted_keys=trusted_keys,
-        )
+        with _progress(quiet, progress) as shown:
+            report = evaluate(
+                model,
+                telemetry,
+                events,
+                machines,
+                horizon_h=horizon_h,
+                since=since,
+                trusted_keys=trusted_keys,
+                progress=shown,
+            )
     except (DatasetError, TokenizerError, ContractError, FileNotFoundError, ValueError) as err:
         raise _fail(str(err)) from None
     typer.echo(report.to_json() if json_output else report.table())

@@ -42,6 +42,7 @@ from models.dataset import (
     parse_time,
     split_windows,
 )
+from models.progress import NO_PROGRESS, Progress
 from models.scoring import ANY_FAILURE, Scorer
 
 HOURS_PER_WEEK = 168.0
@@ -266,6 +267,7 @@ def evaluate(
     horizon_h: float | None = None,
     since: str | None = None,
     trusted_keys: str | Path | None = None,
+    progress: Progress = NO_PROGRESS,
 ) -> EvaluationReport:
     """Score the test windows with the model and the baselines, each at its own validation-chosen threshold.
 
@@ -288,6 +290,7 @@ def evaluate(
         event_lookback_h=float(window["event_lookback_h"]),
     )
 
+    progress.stage("reading the training and test fleets")
     train_fleet = Fleet.load(meta.data["telemetry"], meta.data.get("events"), meta.data.get("machines"))
     split = TimeSplit(
         validation_from_s=parse_time(meta.data["split"]["validation_from"]),
@@ -304,6 +307,7 @@ def evaluate(
                 f"--since {since} is before the end of the model's training data ({meta.data['split']['until']}) "
                 f"and {len(shared)} machine(s) are in both: test windows would overlap training labels"
             )
+    progress.stage("cutting windows")
     test = build_windows(test_fleet, spec, ends_from_s=since_s)
     if not test:
         raise DatasetError(f"no test windows in {telemetry} (since={since}): nothing to evaluate")
@@ -330,12 +334,14 @@ def evaluate(
     failed = [w.failed for w in train]
     results: dict[str, Metrics] = {}
     for baseline in baselines:
+        progress.stage(f"baseline {baseline.name}: fitting and scoring")
         if hasattr(baseline, "fit"):
             baseline.fit([w.window for w in train], failed)
         on_validation = score_windows(baseline, validation)
         threshold = best_f1_threshold([w.failed for w in on_validation], [w.score for w in on_validation])
         results[baseline.name] = window_metrics(score_windows(baseline, test), threshold, spec.every_h)
 
+    progress.stage(f"scoring {len(test):,} test windows with the model")
     lm = load_lm_scorer(model_dir, Path(trusted_keys) if trusted_keys is not None else None)
     model_metrics = window_metrics(score_windows(lm, test), meta.threshold, spec.every_h)
     return EvaluationReport(model=model_metrics, baselines=results)

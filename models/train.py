@@ -65,6 +65,7 @@ from models.model import (
     save_checkpoint,
 )
 from models.outcome import OK, outcome_probabilities, pack_sequences
+from models.progress import NO_PROGRESS, Progress
 from models.tokenizer import TelemetryTokenizer, TokenizerSettings
 
 log = logging.getLogger(__name__)
@@ -356,8 +357,12 @@ def fit_model(
     train: EncodedWindows,
     validation: EncodedWindows,
     settings: TrainSettings,
+    progress: Progress = NO_PROGRESS,
 ) -> FitResult:
-    """Train, scoring validation every ``eval_every`` steps; return the model as it was at its best validation step."""
+    """Train, scoring validation every ``eval_every`` steps; return the model as it was at its best validation step.
+
+    ``progress`` is told each step (the current stage's total is ``max_steps``; the time budget may end it early).
+    """
     torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)
@@ -417,6 +422,7 @@ def fit_model(
         if averaged is not None:
             averaged.update_parameters(model)
         step += 1
+        progress.advance()
         running += (losses.outcome, losses.followup, losses.body, 1)
         out_of_time = time.monotonic() >= deadline
         if step % settings.eval_every == 0 or step == settings.max_steps or out_of_time:
@@ -547,6 +553,7 @@ def train_on_windows(
     signing_key: str | Path | None = None,
     checkpoint_dir: str | Path | None = None,
     version: str | None = None,
+    progress: Progress = NO_PROGRESS,
 ) -> TrainResult:
     """Tokenizer -> model -> threshold -> checkpoint (-> signed artifact), from windows already split in time.
 
@@ -565,6 +572,7 @@ def train_on_windows(
             raise DatasetError(f"the {name} period needs both ok and failed windows, has {counts or 'none'}")
     log.info("windows: training %s, validation %s", outcome_counts(train_windows), outcome_counts(validation_windows))
 
+    progress.stage("tokenizing windows")
     tokenizer = TelemetryTokenizer(settings.tokenizer_settings())
     tokenizer.fit([w.window for w in train_windows], outcomes=[w.outcome for w in train_windows])
     train_encoded = EncodedWindows.of(tokenizer, train_windows, values=settings.value_channel)
@@ -577,10 +585,13 @@ def train_on_windows(
         member_settings = settings.model_copy(
             update={"seed": settings.seed + member, "max_minutes": settings.max_minutes / settings.members}
         )
+        member_name = f" member {member + 1} of {settings.members}" if settings.members > 1 else ""
+        progress.stage(f"training{member_name} (steps)", total=settings.max_steps)
         model = fresh_model(tokenizer, member_settings, architecture)
-        fits.append(fit_model(model, tokenizer, train_encoded, validation_encoded, member_settings))
+        fits.append(fit_model(model, tokenizer, train_encoded, validation_encoded, member_settings, progress))
         if settings.members > 1:
             log.info("member %d of %d: step %d, %s", member + 1, settings.members, fits[-1].step, fits[-1].validation)
+    progress.stage("choosing the alert threshold, saving the checkpoint")
     if len(fits) == 1:
         result = fits[0]
         scores = validation_scores(result.model, tokenizer, validation_encoded)
@@ -646,6 +657,7 @@ def train_on_windows(
 
     checkpoint = Path(checkpoint_dir) if checkpoint_dir is not None else out.with_name(out.name + ".checkpoint")
     save_checkpoint(checkpoint, result.model, tokenizer, meta)
+    progress.stage("exporting int8 ONNX and signing")
     artifact = export_artifact(
         checkpoint,
         out,
@@ -669,11 +681,13 @@ def train(
     signing_key: str | Path | None = None,
     checkpoint_dir: str | Path | None = None,
     version: str | None = None,
+    progress: Progress = NO_PROGRESS,
 ) -> TrainResult:
     """The whole of ``precursor train``: read the files, split in time, then :func:`train_on_windows`."""
     from models.dataset import parse_time
 
     started = time.monotonic()
+    progress.stage("reading the fleet")
     fleet = Fleet.load(telemetry, events, machines)
     split = choose_split(
         fleet,
@@ -682,6 +696,7 @@ def train(
         fraction=settings.validation_fraction,
         min_failures=settings.min_validation_failures,
     )
+    progress.stage("cutting windows")
     train_windows, validation_windows = split_windows(fleet, settings.window_spec(), split)
     result = train_on_windows(
         train_windows,
@@ -697,6 +712,7 @@ def train(
         signing_key=signing_key,
         checkpoint_dir=checkpoint_dir,
         version=version,
+        progress=progress,
     )
     result.seconds = time.monotonic() - started
     return result
