@@ -110,9 +110,6 @@ class Timeline:
     # Admitted but undecided: only in timelines saved before alerts were decided on arrival; the next run decides them.
     pending: list[PredictionRecord] = field(default_factory=list)
 
-    def watermark_us(self, lateness_us: int) -> int | None:
-        return None if self.newest_us is None else self.newest_us - lateness_us
-
     def to_json(self) -> str:
         data: dict[str, Any] = {
             "newest_us": self.newest_us,

@@ -20,6 +20,7 @@ alert_clear_factor
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated
@@ -31,6 +32,15 @@ from contracts.alerting import DEFAULT_THRESHOLD, AlertRule
 from contracts.durations import Duration
 
 Threshold = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+RETIRED = {
+    "PRECURSOR_PIPELINE_ALERT_RAISE_THRESHOLD": "alerts are raised at each model's own threshold now: set "
+    "PRECURSOR_PIPELINE_ALERT_THRESHOLD to override it for every model, or PRECURSOR_PIPELINE_ALERT_DEFAULT_THRESHOLD "
+    "for predictions that carry none",
+    "PRECURSOR_PIPELINE_ALERT_CLEAR_THRESHOLD": "alerts clear relative to their threshold now: set "
+    "PRECURSOR_PIPELINE_ALERT_CLEAR_FACTOR (an alert clears below threshold x factor)",
+}
+"""Variables that no longer mean anything, and what to set instead: refused rather than silently ignored."""
 
 
 class PipelineSettings(BaseSettings):
@@ -83,6 +93,9 @@ class PipelineSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> PipelineSettings:
+        retired = [f"{name} is retired: {instead}" for name, instead in RETIRED.items() if name in os.environ]
+        if retired:
+            raise ValueError("; ".join(retired))
         if self.allowed_lateness < timedelta(0):
             raise ValueError(f"allowed_lateness={self.allowed_lateness} must not be negative")
         for name in ("monitoring_window", "monitoring_every"):

@@ -94,6 +94,12 @@ def test_the_override_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch
     assert rule.clear_below(0.35) == 0.175
 
 
+def test_a_retired_threshold_variable_is_refused_with_what_to_set_instead(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRECURSOR_PIPELINE_ALERT_RAISE_THRESHOLD", "0.5")
+    with pytest.raises(ValueError, match=r"PRECURSOR_PIPELINE_ALERT_RAISE_THRESHOLD is retired.*ALERT_THRESHOLD"):
+        PipelineSettings()
+
+
 def test_hysteresis_is_relative_to_the_models_threshold() -> None:
     rule = AlertRule(clear_factor=0.5)  # clears below 0.269 * 0.5 = 0.1345
     risks = [0.3, 0.28, 0.2, 0.15, 0.14, 0.27, 0.13, 0.3, 0.29]
