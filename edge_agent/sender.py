@@ -9,7 +9,8 @@ consumers drop it if the first attempt had in fact landed.
 Before each producer is made (at start, and after every failure) the sender checks that the topics it writes to
 exist: a producer pointed at a missing topic logs "not found in cluster metadata" many times a second and then
 times out. A missing topic is said once, naming the topics and how to create them, and the sender keeps the
-outbox and retries with the same backoff until they are there.
+outbox and retries with the same backoff until they are there. A topic deleted while a producer runs is found by
+the producer first: its repeats of that line are let through once a minute per topic.
 """
 
 from __future__ import annotations
@@ -34,6 +35,33 @@ MAX_BACKOFF_S = 10.0
 # While there is nothing to send, the last send's success says nothing about the link now: probe it this often, so
 # /healthz and heartbeats report an outage within seconds even on a quiet edge.
 IDLE_PROBE_S = 2.0
+
+
+class _RepeatedMissingTopic(logging.Filter):
+    """kafka-python logs a topic missing from the cluster's metadata at every refresh (about ten a second) while a
+    producer waits for it; one line a minute per topic says as much."""
+
+    TEMPLATE = "Topic %s not found in cluster metadata"
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != self.TEMPLATE:
+            return True
+        topic = str(record.args[0]) if isinstance(record.args, tuple) and record.args else ""
+        now = time.monotonic()
+        with self._lock:
+            if topic in self._last and now - self._last[topic] < self.every_s:
+                return False
+            self._last[topic] = now
+        return True
+
+
+_MISSING_TOPIC_REPEATS = _RepeatedMissingTopic()
 
 
 def topic_for(settings: KafkaSettings) -> Callable[[str], str]:
@@ -67,6 +95,7 @@ class OutboxSender(threading.Thread):
             topics_check = self._check_topics
         self._topics_check = topics_check
         self._reported_missing: list[str] | None = None
+        logging.getLogger("kafka.cluster").addFilter(_MISSING_TOPIC_REPEATS)  # added once however many senders
         self._producer: Any = None
         self._stopping = threading.Event()
         self._backoff = MIN_BACKOFF_S

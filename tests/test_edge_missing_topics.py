@@ -86,3 +86,27 @@ def test_the_publisher_refuses_missing_topics_with_a_clear_error(absent_settings
         KafkaPublisher(absent_settings)
     topics = absent_settings.topics
     assert raised.value.topics == sorted([topics.predictions, topics.events, topics.heartbeats])
+
+
+def test_topics_deleted_under_a_running_sender_are_named_without_a_flood(
+    kafka_settings: KafkaSettings, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    outbox = Outbox(tmp_path / "state.db", max_bytes=10**6)
+    sender = OutboxSender(outbox, kafka_settings, send_timeout_s=5.0)
+    sender.start()
+    try:
+        heartbeat(outbox)
+        wait_until(lambda: outbox.depth == 0, 30)
+        with admin_client(kafka_settings, timeout_s=10) as admin:
+            admin.delete_topics([spec.name for spec in kafka_settings.topics.specs()])
+        heartbeat(outbox)  # the producer now waits for a topic the cluster has no more
+        wait_until(lambda: sender.last_error is not None and MISSING in sender.last_error, 40)
+        repeats = [r for r in caplog.records if KAFKA_PYTHON_REPEAT in r.getMessage()]
+        assert len(repeats) <= 1, len(repeats)  # one line for the heartbeats topic, not ten a second
+        assert len([r for r in caplog.records if MISSING in r.getMessage()]) == 1
+        assert outbox.depth == 1
+    finally:
+        sender.stop()
+        sender.join(20)
+        outbox.close()
