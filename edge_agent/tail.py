@@ -280,7 +280,7 @@ class FileTail:
     def _records(self, opened: _Open, raw: bytes, offset: int) -> list[Record]:
         self.lines += 1
         try:
-            text = raw.decode("utf-8").rstrip("\r")
+            text = raw.decode("utf-8-sig" if offset == 0 else "utf-8").rstrip("\r")  # a byte order mark is no data
         except UnicodeDecodeError as err:
             return [RowError(str(self.path), offset, raw[:200].decode("utf-8", "replace"), f"not valid UTF-8: {err}")]
         if not text.strip():
