@@ -38,7 +38,8 @@ class _Concealed(str):
 class KafkaSettings(BaseSettings):
     """Where the broker is and how to authenticate. Defaults fit the local broker that ``precursor kafka up`` starts."""
 
-    model_config = SettingsConfigDict(env_prefix="PRECURSOR_KAFKA_", extra="forbid")
+    # hide_input_in_errors: a validation error would otherwise print what it was given, passwords included.
+    model_config = SettingsConfigDict(env_prefix="PRECURSOR_KAFKA_", extra="forbid", hide_input_in_errors=True)
 
     bootstrap_servers: str = Field("localhost:9092", description="comma-separated host:port list")
     topic_prefix: str = Field("precursor", pattern=r"^[A-Za-z0-9._\-]+$")

@@ -121,6 +121,8 @@ class MqttSource(_Strict):
     unacknowledged after a crash, and the window builder drops readings it already holds.
     """
 
+    model_config = ConfigDict(hide_input_in_errors=True)  # a validation error prints no password
+
     type: Literal["mqtt"] = "mqtt"
     name: SourceName | None = None
     host: str = "localhost"

@@ -156,7 +156,7 @@ class BrokerSecurity(BaseModel):
     (:func:`infra.kafka_admin.add_scram_users`), so no password is ever on a command line.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)  # errors print no password
 
     ca_file: Path = Field(description="the CA that signed cert_file; clients verify the broker against it")
     cert_file: Path = Field(description="the broker's certificate chain")
@@ -171,6 +171,14 @@ class BrokerSecurity(BaseModel):
         if not path.is_file():
             raise ValueError(f"{path} is not a file")
         return path
+
+    @field_validator("admin_password")
+    @classmethod
+    def _one_line(cls, password: SecretStr) -> SecretStr:
+        # It goes into a properties file, where a line break would end it early.
+        if any(ord(char) < 32 for char in password.get_secret_value()):
+            raise ValueError("admin_password must not contain control characters (line breaks, tabs)")
+        return password
 
     def broker_principal(self) -> str:
         """The principal the controller sees for the broker: ``User:`` and the certificate's subject."""
@@ -207,7 +215,9 @@ class LocalKafka(BaseSettings):
     idempotent.
     """
 
-    model_config = SettingsConfigDict(env_prefix="PRECURSOR_LOCAL_KAFKA_", populate_by_name=True, extra="forbid")
+    model_config = SettingsConfigDict(
+        env_prefix="PRECURSOR_LOCAL_KAFKA_", populate_by_name=True, extra="forbid", hide_input_in_errors=True
+    )
 
     state_dir: Path = Field(
         Path(".state"), validation_alias="PRECURSOR_STATE_DIR", description="where data, logs and the pid file live"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import GroupAuthorizationFailedError, KafkaError, TopicAuthorizationFailedError
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 from contracts.messages import Prediction, decode
 from contracts.settings import KafkaSettings
@@ -297,3 +297,15 @@ def test_a_plaintext_storage_is_not_started_secured_nor_a_secured_one_open(tmp_p
     plain.listener_file.write_text("SASL_SSL")
     with pytest.raises(BrokerError, match="formatted for a SASL_SSL broker, not PLAINTEXT"):
         plain.up(timeout_s=5)
+
+
+def test_a_settings_error_does_not_print_the_password(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError) as refused:
+        KafkaSettings(security_protocol="SASL_SSL", sasl_plain_password="hunter2-hunter2")  # no mechanism
+    assert "needs sasl_mechanism" in str(refused.value) and "hunter2" not in str(refused.value)
+    ca = TestCA(tmp_path / "ca")
+    with pytest.raises(ValidationError) as refused:
+        BrokerSecurity(
+            ca_file=ca.cert_file, cert_file=ca.cert_file, key_file=ca.cert_file, admin_password="hunter2\nhunter2"
+        )
+    assert "control characters" in str(refused.value) and "hunter2" not in str(refused.value)

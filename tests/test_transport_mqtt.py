@@ -226,3 +226,9 @@ def test_tls_files_without_tls_and_passwords_in_config_errors_are_refused_or_hid
     ).sources[0]
     assert isinstance(resolved, MqttSource)
     assert (resolved.cert_file, resolved.key_file) == (tmp_path / "c.pem", tmp_path / "c.key")
+
+
+def test_an_mqtt_source_error_does_not_print_the_password() -> None:
+    with pytest.raises(ValidationError, match="password needs username") as refused:
+        MqttSource(topics=["a"], password="hunter2-hunter2")
+    assert "hunter2" not in str(refused.value)
