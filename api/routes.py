@@ -455,7 +455,10 @@ def run_sql(request: Request, query: Annotated[SqlQuery, Body()]) -> Any:
     try:
         with open_store(request, raw_sql=True) as store:
             return store.sql(
-                query.sql, limit=min(query.limit, settings.sql_max_rows), timeout_s=settings.sql_timeout_s
+                query.sql,
+                limit=min(query.limit, settings.sql_max_rows),
+                timeout_s=settings.sql_timeout_s,
+                max_bytes=settings.sql_max_bytes,
             ).__dict__
     except SqlRejected as err:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(err)) from None
