@@ -7,6 +7,9 @@
 ('m-001', 'm-002', 'm-003')
 >>> config.samples_per_machine
 288
+>>> daily = FleetConfig(profile="daily", machines=4)
+>>> daily.interval_s, daily.machines, daily.time_scale
+(86400, 4, 8.0)
 >>> FleetConfig(failure_kinds=["gremlins"])
 Traceback (most recent call last):
 ...
@@ -21,11 +24,12 @@ import math
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from contracts.durations import Duration
 from contracts.messages import UtcDatetime
 from simulator.physics import FAILURE_KINDS
+from simulator.profiles import profile_fields
 
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -67,6 +71,32 @@ class FleetConfig(BaseModel):
         0.3, description="short process upsets (a throttled valve) per machine-day; some are logged as anomalies"
     )
     machine_prefix: Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_.\-]{0,40}$")] = "m"
+    profile: str | None = Field(
+        None, description="a named kind of fleet (simulator.profiles); fields given explicitly win over its preset"
+    )
+    time_scale: Annotated[float, Field(gt=0, le=100)] = Field(
+        1.0, description="multiplier on how long degradations build up and repairs take (error rates scale inversely)"
+    )
+    sensor_signature: Annotated[float, Field(ge=0, le=10)] = Field(
+        1.0, description="multiplier on how strongly a degradation shows in the sensors (not in the error codes)"
+    )
+    error_rate_scale: Annotated[float, Field(ge=0, le=100)] = Field(
+        1.0, description="multiplier on the error codes a degrading part raises"
+    )
+    error_burst: Annotated[float, Field(ge=0, le=50)] = Field(
+        0.0, description="mean extra codes that follow a degrading part's error code within minutes (a burst)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profile_preset(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("profile") is not None:
+            try:
+                preset = profile_fields(str(data["profile"]))
+            except ValueError as err:
+                raise ValueError(str(err)) from None
+            return {**preset, **data}
+        return data
 
     @field_validator("start")
     @classmethod

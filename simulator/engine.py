@@ -142,12 +142,22 @@ class FleetEngine:
             if disturbance.start < end and disturbance.start + disturbance.duration_s > start:
                 upset += disturbance.magnitude_at(t)
         rng = np.random.default_rng([config.seed, machine, 2, index])
-        values = render(self.profiles[machine], t, severity, upset, rng, noise=config.noise)
+        shown = severity
+        if config.sensor_signature != 1.0:  # what the sensors show of it; the controller still sees it all
+            shown = {kind: level * config.sensor_signature for kind, level in severity.items()}
+        values = render(self.profiles[machine], t, shown, upset, rng, noise=config.noise)
         if config.missing_rate > 0:
             values[rng.random(values.shape) < config.missing_rate] = np.nan
         stamps = timestamps[up]
         errors = controller_errors(
-            t, config.interval_s, severity, config.failure_kinds, config.background_errors_per_h, rng
+            t,
+            config.interval_s,
+            severity,
+            config.failure_kinds,
+            config.background_errors_per_h,
+            rng,
+            rate_scale=config.error_rate_scale / config.time_scale,  # a fault built up in minutes errs per minute
+            burst=config.error_burst,
         )
         events = logged + [(int(stamps[row]), f"error:{code}") for row, code in errors]
         events.sort(key=lambda item: item[0])  # stable: logged events keep their order within a second

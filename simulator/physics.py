@@ -305,12 +305,17 @@ def controller_errors(
     kinds: tuple[str, ...],
     background_per_h: float,
     rng: np.random.Generator,
+    *,
+    rate_scale: float = 1.0,
+    burst: float = 0.0,
 ) -> list[tuple[int, str]]:
     """Error codes the controller raises at the sample instants ``t``, as (row, code) pairs.
 
-    Each degrading kind raises its own codes at ``rate * severity**2`` per hour; a background of unrelated codes
-    (generic ones and, less often, the enabled kinds' own codes, as false alarms) runs underneath at
-    ``background_per_h``.
+    Each degrading kind raises its own codes at ``rate * rate_scale * severity**2`` per hour; a background of
+    unrelated codes (generic ones and, less often, the enabled kinds' own codes, as false alarms) runs underneath at
+    ``background_per_h``. With ``burst``, each of a degrading kind's codes is followed by a Poisson(``burst``) number
+    of further codes of that kind within the next ten minutes (at least the next sample), as a struggling controller
+    retries and logs again.
     """
     n = len(t)
     hours = interval_s / 3600.0
@@ -325,8 +330,13 @@ def controller_errors(
         if level is None:
             continue
         spec = FAILURE_KINDS[kind]
-        rate = spec.error_rate_at_failure_per_h * level**2
+        rate = spec.error_rate_at_failure_per_h * rate_scale * level**2
         hits = np.flatnonzero(rng.random(n) < -np.expm1(-rate * hours))
+        if burst > 0 and len(hits):
+            span = max(1, round(600.0 / interval_s))
+            extra = rng.poisson(burst, size=len(hits))
+            follow = np.repeat(hits, extra) + rng.integers(0, span + 1, size=int(extra.sum()))
+            hits = np.sort(np.concatenate([hits, follow[follow < n]]))
         picks = rng.integers(len(spec.error_codes), size=len(hits))
         errors.extend((int(row), spec.error_codes[int(pick)]) for row, pick in zip(hits, picks, strict=True))
     errors.sort()

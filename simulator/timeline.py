@@ -3,7 +3,8 @@
 Each failure kind wears one part. A part's hazard grows with the time since it was last serviced, so routine
 maintenance lowers it; onsets are drawn by thinning a Poisson process at the hazard's ceiling. An onset starts a
 degradation episode whose severity ramps from 0 to 1 over a lead time of hours to days (or, for a sudden failure, under
-three hours); at 1 the machine fails, goes down for repair and comes back healthy. A maintenance visit services each
+three hours), times ``config.time_scale``; at 1 the machine fails, goes down for repair and comes back healthy. A
+maintenance visit services each
 part with a probability that grows with its age and with how visibly it is degrading, which stops a degradation under
 way (the failure is prevented). False alarms are degradations that peak part-way and recover on their own.
 Process upsets are short disturbances unrelated to wear; operators log some of them, and some real degradations,
@@ -196,10 +197,12 @@ class MachineLife:
         if not accepted or self._is_down(at) or kind in self.active:
             return
         spec = FAILURE_KINDS[kind]
+        scale = self.config.time_scale
         if self.rng.random() < self.config.sudden_fraction:
-            rise_h = float(self.rng.uniform(0.5, 3.0))
+            rise_h = float(self.rng.uniform(0.5, 3.0)) * scale
         else:
-            rise_h = float(np.clip(spec.lead_median_h * self.rng.lognormal(0.0, spec.lead_sigma), 2.0, 240.0))
+            lead_h = spec.lead_median_h * scale * self.rng.lognormal(0.0, spec.lead_sigma)
+            rise_h = float(np.clip(lead_h, 2.0 * scale, 240.0 * scale))
         episode = Episode(kind, at, rise_h * HOUR_S, float(self.rng.uniform(*spec.shape)), 1.0)
         self._start(episode)
         self._schedule(episode.onset + episode.rise_s, "fail", episode)
@@ -210,9 +213,9 @@ class MachineLife:
         if self._is_down(at) or kind in self.active:
             return
         spec = FAILURE_KINDS[kind]
-        rise_s = (
-            float(np.clip(0.6 * spec.lead_median_h * self.rng.lognormal(0.0, spec.lead_sigma), 1.0, 120.0)) * HOUR_S
-        )
+        scale = self.config.time_scale
+        lead_h = 0.6 * spec.lead_median_h * scale * self.rng.lognormal(0.0, spec.lead_sigma)
+        rise_s = float(np.clip(lead_h, 1.0 * scale, 120.0 * scale)) * HOUR_S
         episode = Episode(
             kind,
             at,
@@ -253,7 +256,9 @@ class MachineLife:
         self._stop(episode, at, "failure")
         self._log(at, f"failure:{episode.kind}")
         spec = FAILURE_KINDS[episode.kind]
-        repair_s = float(np.clip(spec.repair_median_h * self.rng.lognormal(0.0, 0.5), 0.5, 72.0)) * HOUR_S
+        scale = self.config.time_scale
+        repair_h = spec.repair_median_h * scale * self.rng.lognormal(0.0, 0.5)
+        repair_s = float(np.clip(repair_h, 0.5 * scale, 72.0 * scale)) * HOUR_S
         end = at + repair_s
         self.downtimes.append(Downtime(at, end, episode.kind))
         self.down_until = end

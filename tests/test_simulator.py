@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import typer
 
 from contracts.formats import RowError, iter_telemetry, read_events, read_machines, read_telemetry_table
 from contracts.messages import Event, TelemetryReading
@@ -18,6 +19,7 @@ from simulator import FAILURE_KINDS, FleetConfig, FleetData, simulate_fleet, str
 from simulator.cli import simulate_command
 from simulator.engine import chunk_samples
 from simulator.physics import GENERIC_ERROR_CODES
+from simulator.profiles import PROFILES
 
 HOUR = 3600
 
@@ -381,3 +383,112 @@ def test_simulate_command_writes_files_and_summarises(tmp_path: Path, capsys: py
     assert set(failures) <= {"bearing", "overheat"}
     assert all(f"{kind} {count}" in shown for kind, count in failures.items())
     assert len(read_machines(tmp_path / "machines.csv")) == 3
+
+
+# -- profiles ----------------------------------------------------------------------------------------------------
+
+SIGNATURES = {
+    "bearing": ("vibration_rms", +1),
+    "overheat": ("winding_temp", +1),
+    "seal_leak": ("pressure", -1),
+    "clog": ("flow", -1),
+}
+
+
+def _signature_shifts(data: FleetData, hours: float) -> list[float]:
+    """Per failure with a sensor signature: how far its sensor sits from the healthy level in the hours before, in
+    healthy standard deviations."""
+    sensors = data.telemetry.sensors
+    shifts = []
+    for failure in data.failures():
+        if failure.detail not in SIGNATURES:
+            continue
+        stamps, values = _machine(data, failure.machine_id)
+        healthy = _healthy_mask(data, failure.machine_id, stamps)
+        at = failure.timestamp.timestamp()
+        before = (stamps >= at - hours * HOUR) & (stamps < at)
+        if before.sum() < 3:
+            continue
+        sensor, sign = SIGNATURES[str(failure.detail)]
+        column = values[:, sensors.index(sensor)]
+        shifts.append(sign * (np.nanmean(column[before]) - np.nanmean(column[healthy])) / np.nanstd(column[healthy]))
+    return shifts
+
+
+def _own_codes_before_failures(data: FleetData, hours: float) -> tuple[int, int]:
+    """(the failing kind's own error codes in the hours before each failure, failures)."""
+    failures = data.failures()
+    count = 0
+    for failure in failures:
+        own = FAILURE_KINDS[str(failure.detail)].error_codes
+        at = failure.timestamp
+        count += sum(
+            1
+            for e in data.events
+            if e.machine_id == failure.machine_id
+            and e.kind == "error"
+            and e.detail in own
+            and timedelta(0) < at - e.timestamp <= timedelta(hours=hours)
+        )
+    return count, len(failures)
+
+
+def test_no_profile_is_the_slow_degradation_profile() -> None:
+    size = {"machines": 3, "duration": "4d", "interval": "30m", "seed": 2}
+    plain = simulate_fleet(FleetConfig(**size))
+    named = simulate_fleet(FleetConfig(profile="slow-degradation", **size))
+    assert np.array_equal(plain.telemetry.values, named.telemetry.values, equal_nan=True)
+    assert plain.events == named.events and plain.degradations == named.degradations
+
+
+def test_a_profile_presets_fields_and_explicit_fields_win() -> None:
+    daily = FleetConfig(profile="daily")
+    assert daily.interval_s == 86_400 and daily.time_scale > 1
+    assert FleetConfig(profile="daily", interval="12h").interval_s == 43_200
+    assert FleetConfig(profile="server-metrics").interval_s == 60
+    for name in PROFILES:
+        FleetConfig(profile=name)  # every preset is a valid config
+    with pytest.raises(ValueError, match=r"unknown profile 'factory'.*error-codes"):
+        FleetConfig(profile="factory")
+
+
+def test_error_codes_profile_announces_failures_by_code_bursts_not_sensors() -> None:
+    size = {"machines": 12, "duration": "40d", "interval": "30m", "seed": 5}
+    slow = simulate_fleet(FleetConfig(profile="slow-degradation", **size))
+    coded = simulate_fleet(FleetConfig(profile="error-codes", **size))
+    slow_shift, coded_shift = _signature_shifts(slow, 6), _signature_shifts(coded, 6)
+    assert len(slow_shift) >= 10 and len(coded_shift) >= 10
+    assert np.median(slow_shift) > 4 * np.median(coded_shift), (np.median(slow_shift), np.median(coded_shift))
+    assert np.median(coded_shift) < 1.0  # within the healthy spread
+    slow_codes, slow_failures = _own_codes_before_failures(slow, 24)
+    coded_codes, coded_failures = _own_codes_before_failures(coded, 24)
+    assert coded_codes / coded_failures > 5 * slow_codes / slow_failures
+    # bursts: the same codes without them come one at a time
+    plain = simulate_fleet(FleetConfig(profile="error-codes", error_burst=0, **size))
+    plain_codes, plain_failures = _own_codes_before_failures(plain, 24)
+    assert coded_codes / coded_failures > 2.5 * plain_codes / plain_failures
+
+
+def test_server_metrics_profile_fails_within_the_hour_and_daily_profile_over_days() -> None:
+    server = simulate_fleet(FleetConfig(profile="server-metrics", machines=4, duration="2d", seed=1))
+    warnings = [d.warning_h for d in server.degradations if d.outcome == "failure"]
+    assert len(warnings) >= 10 and np.median(warnings) < 1.0
+    steps = np.diff(_machine(server, "m-001")[0])
+    assert np.min(steps) == np.median(steps) == 60  # longer steps only where the machine was down
+    daily = simulate_fleet(FleetConfig(profile="daily", machines=8, duration="360d", seed=1))
+    warnings = [d.warning_h for d in daily.degradations if d.outcome == "failure"]
+    assert len(warnings) >= 10 and np.median(warnings) > 72
+    stamps, _ = _machine(daily, "m-001")
+    steps = np.diff(stamps)
+    assert np.min(steps) == np.median(steps) == 86_400 and np.all(steps % 86_400 == 0)
+
+
+def test_simulate_command_takes_a_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    simulate_command(out=tmp_path / "a", profile="server-metrics", machines=2, days=0.5)
+    assert "every 1m" in capsys.readouterr().out
+    stamps = read_telemetry_table(tmp_path / "a" / "telemetry.csv").timestamps
+    assert np.min(np.diff(np.unique(stamps))) == 60
+    simulate_command(out=tmp_path / "b", profile="server-metrics", machines=2, days=0.5, interval="2m")
+    assert "every 2m" in capsys.readouterr().out
+    with pytest.raises(typer.BadParameter, match="unknown profile 'factory'"):
+        simulate_command(out=tmp_path / "c", profile="factory")
