@@ -12,12 +12,22 @@ still open are left out, never guessed.
 Time-based splits, no leakage: training windows end before the validation start and their labels are known by it;
 validation windows end at or after it. The validation period is chosen to hold several failures (a fraction of them,
 at least ``min_failures``), because thresholds and checkpoints picked on one or two failures are noise.
+
+Machine splits, for fleets where time cannot separate the periods (a test set of machines never seen in training):
+:class:`MachineSplit` holds out a share of machines chosen by a hash of their id (the same machines on every run and
+every computer, whatever order the files list them in), or the machines a file lists.
+
+>>> split = MachineSplit.parse("0.3")
+>>> held = [m for m in (f"drive-{i}" for i in range(1000)) if split.holds_out(m)]
+>>> len(held), split.holds_out("drive-7") == MachineSplit.parse("0.3").holds_out("drive-7")
+(282, True)
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -67,6 +77,24 @@ class Fleet:
     @property
     def machine_ids(self) -> list[str]:
         return [m for m, _ in self.table.machines()]
+
+    def only(self, keep: Callable[[str], bool]) -> Fleet:
+        """The fleet restricted to the machines ``keep`` accepts: their readings, events and attributes."""
+        wanted = {m for m in self.machine_ids if keep(m)}
+        kept = np.isin(self.table.machine_ids, np.array(sorted(wanted), dtype=object))
+        if not wanted:
+            raise DatasetError("no machine of the fleet is left after the machine split")
+        table = TelemetryTable(
+            machine_ids=self.table.machine_ids[kept],
+            timestamps=self.table.timestamps[kept],
+            sensors=list(self.table.sensors),
+            values=self.table.values[kept],
+        )
+        return Fleet(
+            table,
+            {m: e for m, e in self.events.items() if keep(m)},
+            {m: a for m, a in self.attributes.items() if keep(m)},
+        )
 
     @property
     def last_time_s(self) -> int:
@@ -249,6 +277,91 @@ def split_windows(fleet: Fleet, spec: WindowSpec, split: TimeSplit) -> tuple[lis
         fleet, spec, ends_from_s=split.validation_from_s, ends_before_s=split.until_s, labels_until_s=split.until_s
     )
     return train, validation
+
+
+def machine_share(machine_id: str, salt: str) -> float:
+    """Where a machine falls in [0, 1): a hash of its id, so a split depends on nothing but the ids and the salt."""
+    digest = hashlib.sha256(f"{salt}\x00{machine_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+@dataclass(frozen=True)
+class MachineSplit:
+    """The machines held out for test: a share chosen by :func:`machine_share`, or those a file lists (one id a line,
+    ``#`` comments and blank lines ignored)."""
+
+    fraction: float | None = None
+    listed: frozenset[str] | None = None
+    source: str = ""
+    salt: str = "test"
+
+    def __post_init__(self) -> None:
+        if (self.fraction is None) == (self.listed is None):
+            raise DatasetError("a machine split needs either a fraction or a list of machines, not both")
+        if self.fraction is not None and not 0 < self.fraction < 1:
+            raise DatasetError(f"test machines fraction {self.fraction!r}: must lie strictly between 0 and 1")
+        if self.listed is not None and not self.listed:
+            raise DatasetError(f"test machines file {self.source!r} lists no machine")
+
+    @classmethod
+    def parse(cls, value: str) -> MachineSplit:
+        """``--test-machines``: a fraction such as ``0.3``, or a file of machine ids."""
+        try:
+            fraction = float(value)
+        except ValueError:
+            path = Path(value)
+            if not path.is_file():
+                raise DatasetError(
+                    f"--test-machines {value!r} is neither a fraction in (0, 1) nor an existing file of machine ids"
+                ) from None
+            lines = (line.split("#", 1)[0].strip() for line in path.read_text(encoding="utf-8").splitlines())
+            return cls(listed=frozenset(line for line in lines if line), source=str(path.resolve()))
+        return cls(fraction=fraction, source=value)
+
+    def holds_out(self, machine_id: str) -> bool:
+        if self.listed is not None:
+            return machine_id in self.listed
+        assert self.fraction is not None
+        return machine_share(machine_id, self.salt) < self.fraction
+
+    def to_json(self) -> dict[str, object]:
+        if self.listed is not None:
+            return {"file": self.source, "machines": sorted(self.listed)}
+        return {"fraction": self.fraction, "salt": self.salt}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> MachineSplit:
+        if "machines" in data:
+            machines = data["machines"]
+            assert isinstance(machines, list)
+            return cls(listed=frozenset(str(m) for m in machines), source=str(data.get("file", "")))
+        return cls(fraction=float(data["fraction"]), salt=str(data.get("salt", "test")))  # type: ignore[arg-type]
+
+    def apply(self, train: Fleet, test: Fleet) -> tuple[Fleet, Fleet]:
+        """(training fleet without the held-out machines, test fleet of only those)."""
+        return train.only(lambda m: not self.holds_out(m)), test.only(self.holds_out)
+
+
+def machine_validation_split(
+    fleet: Fleet, spec: WindowSpec, *, fraction: float = 0.2, min_failures: int = 3, salt: str = "validation"
+) -> tuple[list[LabeledWindow], list[LabeledWindow]]:
+    """(training, validation) windows with validation on a share of machines (by :func:`machine_share`), for fleets
+    where a validation period at the end would hold only one class (every healthy machine seen only at the end).
+
+    The share grows past ``fraction`` until the validation machines hold at least ``min_failures`` failures.
+    """
+    failing = {f.machine_id for f in fleet.failures()}
+    shares = sorted(fleet.machine_ids, key=lambda m: machine_share(m, salt))
+    cut = max(1, round(fraction * len(shares)))
+    while sum(1 for m in shares[:cut] if m in failing) < min_failures and cut < len(shares):
+        cut += 1
+    held = set(shares[:cut])
+    if sum(1 for m in held if m in failing) < min_failures or not set(failing) - held:
+        raise DatasetError(
+            f"{len(failing)} machine(s) with failures: a validation share needs {min_failures} and training one more"
+        )
+    every = build_windows(fleet, spec)
+    return [w for w in every if w.window.machine_id not in held], [w for w in every if w.window.machine_id in held]
 
 
 def outcome_counts(windows: Sequence[LabeledWindow]) -> dict[str, int]:

@@ -1,0 +1,81 @@
+"""Splits by machine: held-out test machines by a hash of their id or a list, and validation on other machines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from models.dataset import DatasetError, Fleet, MachineSplit, WindowSpec, machine_validation_split
+from simulator import FleetConfig, write_fleet
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
+    files = write_fleet(
+        FleetConfig(machines=20, duration="12d", interval="1h", seed=3, mtbf="3d"), tmp_path_factory.mktemp("fleet")
+    )
+    return Fleet.load(files.telemetry, files.events, files.machines)
+
+
+def test_a_fraction_holds_out_about_that_share_the_same_way_every_time() -> None:
+    ids = [f"drive-{i:04d}" for i in range(2000)]
+    split = MachineSplit.parse("0.3")
+    held = {m for m in ids if split.holds_out(m)}
+    assert 0.27 < len(held) / len(ids) < 0.33
+    again = MachineSplit.parse("0.3")
+    assert {m for m in reversed(ids) if again.holds_out(m)} == held  # order and instance do not matter
+    assert MachineSplit.from_json(split.to_json()).holds_out("drive-0001") == split.holds_out("drive-0001")
+    smaller = {m for m in ids if MachineSplit.parse("0.1").holds_out(m)}
+    assert smaller < held  # a smaller share is a subset: growing the test set never moves a machine into training
+
+
+def test_a_file_lists_the_test_machines(tmp_path: Path) -> None:
+    listing = tmp_path / "test-machines.txt"
+    listing.write_text("# held out for the audit\nm-002\n\nm-007  # the noisy one\n")
+    split = MachineSplit.parse(str(listing))
+    assert [m for m in ("m-001", "m-002", "m-007") if split.holds_out(m)] == ["m-002", "m-007"]
+    assert MachineSplit.from_json(split.to_json()).listed == split.listed
+
+
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [("1.5", "strictly between 0 and 1"), ("0", "strictly between 0 and 1"), ("nope.txt", "neither a fraction")],
+)
+def test_bad_test_machines_are_refused_by_name(value: str, complaint: str) -> None:
+    with pytest.raises(DatasetError, match=complaint):
+        MachineSplit.parse(value)
+
+
+def test_an_empty_list_is_refused(tmp_path: Path) -> None:
+    listing = tmp_path / "none.txt"
+    listing.write_text("# nobody\n")
+    with pytest.raises(DatasetError, match="lists no machine"):
+        MachineSplit.parse(str(listing))
+
+
+def test_a_split_fleet_loses_nothing_and_shares_no_machine(fleet: Fleet) -> None:
+    train, test = MachineSplit.parse("0.3").apply(fleet, fleet)
+    assert set(train.machine_ids).isdisjoint(test.machine_ids)
+    assert set(train.machine_ids) | set(test.machine_ids) == set(fleet.machine_ids)
+    assert len(train.table.timestamps) + len(test.table.timestamps) == len(fleet.table.timestamps)
+    for part in (train, test):
+        assert set(part.events) <= set(part.machine_ids) and set(part.attributes) == set(part.machine_ids)
+        for machine_id, rows in part.table.machines():
+            (original,) = [r for m, r in fleet.table.machines() if m == machine_id]
+            assert np.array_equal(part.table.values[rows], fleet.table.values[original], equal_nan=True)
+    assert len(train.failures()) + len(test.failures()) == len(fleet.failures())
+
+
+def test_validation_by_machine_holds_failures_on_machines_training_never_sees(fleet: Fleet) -> None:
+    spec = WindowSpec(window_h=12, horizon_h=12)
+    train, validation = machine_validation_split(fleet, spec, fraction=0.2, min_failures=3)
+    train_machines = {w.window.machine_id for w in train}
+    validation_machines = {w.window.machine_id for w in validation}
+    assert train_machines.isdisjoint(validation_machines)
+    failed_machines = {w.window.machine_id for w in validation if w.failed}
+    assert len({(w.window.machine_id, w.hours_to_failure + w.end_s / 3600) for w in validation if w.failed}) >= 3
+    assert failed_machines and any(w.failed for w in train)
+    with pytest.raises(DatasetError, match="validation share needs 500"):
+        machine_validation_split(fleet, spec, min_failures=500)
