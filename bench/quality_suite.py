@@ -1,0 +1,585 @@
+"""The quality suite: the LM against gradient boosting and the z-score rule on every fleet we have, over several seeds.
+
+For every dataset under ``--datasets`` (C-MAPSS FD001, FD003, FD004: ``train/`` against ``test/`` engines; Backblaze:
+split by machine) and four simulated fleet profiles (``simulator.profiles``), for every seed: cut the windows, train
+the LM with its defaults (only ``--max-minutes`` / ``--max-steps`` bound it), export it to int8 ONNX, sign it, and
+score the test windows through the signed artifact with the edge's runtime. The baselines are fitted on the same
+training windows, and every scorer's alert threshold comes from the same validation windows.
+
+The only per-dataset settings are the facts its data dictates (:data:`DATASETS`): horizon, window, how often a
+window ends, and how it splits. Whether the LM scales values per machine follows from the split: test machines it
+never saw (a split by machine) get one scaling per sensor, the machines of a time split their own.
+
+    .venv/bin/python bench/quality_suite.py --quick          # daily work: one seed, three datasets, ~15 min on 2 cores
+    .venv/bin/python bench/quality_suite.py                  # the whole suite: 3 seeds, 8 datasets, ~2 h on 2 cores
+
+Prints one markdown table (per dataset and scorer: PR-AUC mean and min-max over seeds, F1, median lead time, false
+alarms per machine-week, training minutes) and writes it to ``OUT/quality.md``, with every per-seed figure in
+``OUT/quality.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import numpy as np  # noqa: E402
+
+from contracts.durations import parse_duration  # noqa: E402
+from models.dataset import (  # noqa: E402
+    Fleet,
+    LabeledWindow,
+    MachineSplit,
+    choose_split,
+    machine_validation_split,
+    outcome_counts,
+    split_windows,
+)
+from models.evaluate import Metrics, best_f1_threshold, score_windows, window_metrics  # noqa: E402
+from models.train import TrainSettings, failures_in, train_on_windows  # noqa: E402
+
+log = logging.getLogger("quality_suite")
+
+DEFAULT_DATASETS = REPO_ROOT.parent / "shared" / "datasets"
+SCORERS = ("lm", "gradient-boosting", "zscore")
+Split = Literal["files", "machines", "time"]
+
+
+@dataclass(frozen=True)
+class Fleetspec:
+    """A simulated fleet: a profile (``simulator.profiles``) and a size that keeps one training within budget."""
+
+    profile: str
+    machines: int
+    duration: str
+    seed: int = 1
+    fields: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """What a dataset's data dictates, and nothing else: horizon, window, cadence, and how it splits.
+
+    ``split``: ``files`` trains on ``train/`` and tests on ``test/``; ``machines`` holds out ``test_share`` of the
+    machines by a hash of their id; ``time`` tests on the last ``test_share`` of the time span. ``validation``:
+    ``time`` validates on the end of the training period (the LM's own recipe), ``machines`` on a share of the
+    training machines, where the end of the period holds only one class.
+    """
+
+    name: str
+    horizon: str
+    every: str
+    split: Split
+    window: str | None = None  # None: the horizon, as `precursor train` does
+    validation: Literal["time", "machines"] = "time"
+    test_share: float = 0.3
+    simulated: Fleetspec | None = None
+
+    @property
+    def horizon_h(self) -> float:
+        return parse_duration(self.horizon).total_seconds() / 3600
+
+    @property
+    def window_h(self) -> float:
+        return parse_duration(self.window or self.horizon).total_seconds() / 3600
+
+    @property
+    def every_h(self) -> float:
+        return parse_duration(self.every).total_seconds() / 3600
+
+    @property
+    def scaling(self) -> Literal["machine", "fleet"]:
+        return "machine" if self.split == "time" else "fleet"
+
+    def facts(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "horizon": self.horizon,
+            "window": self.window or self.horizon,
+            "every": self.every,
+            "split": self.split,
+            "validation": self.validation,
+            "scaling": self.scaling,
+        }
+        if self.split != "files":
+            out["test_share"] = self.test_share
+        if self.simulated is not None:
+            s = self.simulated
+            out["fleet"] = {"profile": s.profile, "machines": s.machines, "duration": s.duration, "seed": s.seed}
+            out["fleet"].update(s.fields)
+        return out
+
+
+DATASETS: tuple[Dataset, ...] = (
+    # C-MAPSS READMEs: 30 cycles (one cycle = one hour) is the usual "failure soon"; a window ends every cycle, or
+    # every 5 for speed, which FD004 takes: it has 2.5 times FD001's rows.
+    Dataset("cmapss_fd001", horizon="30h", every="1h", split="files"),
+    Dataset("cmapss_fd003", horizon="30h", every="1h", split="files"),
+    Dataset("cmapss_fd004", horizon="30h", every="5h", split="files"),
+    # Backblaze README: one snapshot a day, 3 of a failed drive's 10 days positive; a split by machine (every healthy
+    # drive appears only in the last 10 days of the year, so a time split leaves one class on each side).
+    Dataset(
+        "backblaze_toshiba_2019", horizon="72h", every="24h", split="machines", validation="machines", test_share=0.3
+    ),
+    # The simulated profiles: horizons fit how long their faults take to build up; the last third is the test.
+    Dataset(
+        "sim_slow_degradation",
+        horizon="24h",
+        every="2h",
+        split="time",
+        test_share=1 / 3,
+        simulated=Fleetspec("slow-degradation", 16, "60d", fields={"interval": "30m"}),
+    ),
+    Dataset(
+        "sim_error_codes",
+        horizon="24h",
+        every="2h",
+        split="time",
+        test_share=1 / 3,
+        simulated=Fleetspec("error-codes", 16, "60d"),
+    ),
+    Dataset(
+        "sim_server_metrics",
+        horizon="30m",
+        every="5m",
+        split="time",
+        test_share=1 / 3,
+        simulated=Fleetspec("server-metrics", 12, "4d"),
+    ),
+    Dataset(
+        "sim_daily", horizon="7d", every="1d", split="time", test_share=1 / 3, simulated=Fleetspec("daily", 20, "600d")
+    ),
+)
+
+QUICK = ("backblaze_toshiba_2019", "cmapss_fd001", "sim_daily")
+"""``--quick``: one real fleet of each split and a simulated one, the cheapest that still say something."""
+
+SMOKE = Dataset(
+    "sim_smoke",
+    horizon="12h",
+    every="2h",
+    split="time",
+    test_share=1 / 3,
+    simulated=Fleetspec("slow-degradation", 6, "12d", fields={"interval": "1h", "mtbf": "3d"}),
+)
+"""``--smoke``: a fleet small enough that the whole suite runs in seconds (it checks the plumbing, not quality)."""
+
+SMOKE_TRAINING: dict[str, Any] = {
+    "n_layer": 1,
+    "n_embd": 16,
+    "n_head": 2,
+    "batch_size": 32,
+    "max_steps": 20,
+    "eval_every": 10,
+    "max_length": 64,
+    "learning_rate": 5e-3,
+    # A model of a few dozen steps gives many windows nearly the same risk, and int8 flips some of those near the
+    # threshold: the export check is the LM's own concern, the smoke run checks the suite's plumbing.
+    "min_int8_agreement": 0.9,
+}
+
+
+# --- data ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """One dataset cut into windows, the same for every seed."""
+
+    dataset: Dataset
+    train: list[LabeledWindow]
+    validation: list[LabeledWindow]
+    test: list[LabeledWindow]
+    source: dict[str, Any]
+    seconds: float
+
+
+def _fleet_files(folder: Path) -> tuple[Path, Path, Path]:
+    files = (folder / "telemetry.csv", folder / "events.csv", folder / "machines.csv")
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"dataset files missing: {', '.join(missing)}")
+    return files
+
+
+def _simulate(spec: Fleetspec, folder: Path) -> tuple[Path, Path, Path]:
+    from simulator import FleetConfig, write_fleet
+
+    given = {"profile": spec.profile, "machines": spec.machines, "duration": spec.duration, "seed": spec.seed}
+    config = FleetConfig.model_validate({**given, **spec.fields})
+    written = write_fleet(config, folder)
+    return written.telemetry, written.events, written.machines
+
+
+def prepare(dataset: Dataset, datasets_dir: Path, work: Path, settings: TrainSettings) -> Prepared:
+    """Read (or simulate) the dataset and cut its training, validation and test windows."""
+    started = time.monotonic()
+    spec = settings.window_spec()
+    if dataset.simulated is not None:
+        files = _simulate(dataset.simulated, work / "fleet")
+        source: dict[str, Any] = {"simulated": str(work / "fleet")}
+    else:
+        root = datasets_dir / dataset.name
+        files = _fleet_files(root / "train") if dataset.split == "files" else _fleet_files(root)
+        source = {"folder": str(root.resolve())}
+    fleet = Fleet.load(*files)
+    test_from_s: int | None = None
+    if dataset.split == "files":
+        train_fleet, test_fleet = fleet, Fleet.load(*_fleet_files(datasets_dir / dataset.name / "test"))
+    elif dataset.split == "machines":
+        train_fleet, test_fleet = MachineSplit(fraction=dataset.test_share).apply(fleet, fleet)
+    else:
+        first = int(fleet.table.timestamps.min())
+        test_from_s = int(fleet.last_time_s - dataset.test_share * (fleet.last_time_s - first))
+        test_from_s -= test_from_s % round(dataset.every_h * 3600)  # on a window boundary
+        train_fleet = test_fleet = fleet
+    if dataset.validation == "machines":
+        train, validation = machine_validation_split(
+            train_fleet,
+            spec,
+            fraction=settings.validation_fraction,
+            min_failures=settings.min_validation_failures,
+        )
+    else:
+        split = choose_split(
+            train_fleet,
+            settings.horizon_h,
+            until_s=test_from_s,
+            fraction=settings.validation_fraction,
+            min_failures=settings.min_validation_failures,
+        )
+        train, validation = split_windows(train_fleet, spec, split)
+        source["validation_split"] = split.to_json()
+    from models.dataset import build_windows
+
+    test = build_windows(test_fleet, spec, ends_from_s=test_from_s)
+    if test_from_s is not None:
+        source["test_from"] = datetime.fromtimestamp(test_from_s, UTC).isoformat().replace("+00:00", "Z")
+    source["machines"] = {"train": len(train_fleet.machine_ids), "test": len(test_fleet.machine_ids)}
+    return Prepared(dataset, train, validation, test, source, time.monotonic() - started)
+
+
+# --- one seed -----------------------------------------------------------------------------------------------------
+
+
+def _metrics_record(metrics: Metrics, minutes: float, **extra: Any) -> dict[str, Any]:
+    return {**metrics.model_dump(mode="json"), "train_minutes": round(minutes, 3), **extra}
+
+
+def run_baselines(prepared: Prepared, settings: TrainSettings, seed: int) -> dict[str, dict[str, Any]]:
+    """Gradient boosting and the z-score rule, fitted on the LM's training windows with its tokenizer's scaling."""
+    from models.baselines import GradientBoostingBaseline, ZScoreRule, baseline_features
+
+    windows = [w.window for w in prepared.train]
+    failed = [w.failed for w in prepared.train]
+    features = baseline_features(windows, settings.tokenizer_settings().model_dump(mode="json"))
+    out: dict[str, dict[str, Any]] = {}
+    for baseline in (
+        GradientBoostingBaseline(features, horizon_h=settings.horizon_h, seed=seed),
+        ZScoreRule(features, horizon_h=settings.horizon_h),
+    ):
+        started = time.monotonic()
+        baseline.fit(windows, failed)
+        minutes = (time.monotonic() - started) / 60
+        on_validation = score_windows(baseline, prepared.validation)
+        threshold = best_f1_threshold([w.failed for w in on_validation], [w.score for w in on_validation])
+        metrics = window_metrics(score_windows(baseline, prepared.test), threshold, settings.every_h)
+        out[baseline.name] = _metrics_record(metrics, minutes)
+    return out
+
+
+def run_lm(prepared: Prepared, settings: TrainSettings, folder: Path) -> dict[str, Any]:
+    """Train, export to int8 ONNX and sign; score the test windows through the verified artifact (the edge's path)."""
+    from models.runtime import LMScorer
+    from models.signing import generate_keypair, load_public_keys
+
+    keys = folder / "keys"
+    generate_keypair(keys)
+    result = train_on_windows(
+        prepared.train,
+        prepared.validation,
+        folder / "artifact",
+        settings,
+        data={"quality_suite": prepared.dataset.name, **prepared.source},
+        signing_key=keys / "precursor.key",
+        checkpoint_dir=folder / "checkpoint",
+        version=f"quality-{prepared.dataset.name}-{settings.seed}",
+    )
+    assert result.artifact_dir is not None
+    scorer = LMScorer.load(result.artifact_dir, load_public_keys(keys / "precursor.pub"))
+    metrics = window_metrics(score_windows(scorer, prepared.test), result.meta.threshold, settings.every_h)
+    return _metrics_record(
+        metrics,
+        result.seconds / 60,
+        best_step=result.meta.step,
+        steps=int(result.meta.training["history"][-1]["step"]) if result.meta.training.get("history") else None,
+        validation_pr_auc=result.meta.validation.get("pr_auc"),
+        artifact=str(result.artifact_dir),
+    )
+
+
+# --- the table ----------------------------------------------------------------------------------------------------
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return float(np.mean(known)) if known else None
+
+
+def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per dataset and scorer: means over seeds, and PR-AUC's min and max."""
+    rows: list[dict[str, Any]] = []
+    for name, entry in results["datasets"].items():
+        runs = [r for r in entry.get("runs", []) if "scorers" in r]
+        if not runs:
+            errors = [r["error"] for r in entry.get("runs", []) if "error" in r]
+            rows.append({"dataset": name, "scorer": "-", "error": entry.get("error") or "; ".join(errors)})
+            continue
+        for scorer in SCORERS:
+            per_seed = [r["scorers"][scorer] for r in runs if scorer in r["scorers"]]
+            if not per_seed:
+                continue
+            pr_aucs = [m["pr_auc"] for m in per_seed]
+            known = [v for v in pr_aucs if v is not None]
+            rows.append(
+                {
+                    "dataset": name,
+                    "scorer": scorer,
+                    "seeds": len(per_seed),
+                    "pr_auc_mean": _mean(pr_aucs),
+                    "pr_auc_min": min(known) if known else None,
+                    "pr_auc_max": max(known) if known else None,
+                    "f1_mean": _mean([m["f1"] for m in per_seed]),
+                    "median_lead_time_h_mean": _mean([m["median_lead_time_h"] for m in per_seed]),
+                    "false_alarms_per_machine_week_mean": _mean([m["false_alarms_per_machine_week"] for m in per_seed]),
+                    "train_minutes_mean": _mean([m["train_minutes"] for m in per_seed]),
+                }
+            )
+    return rows
+
+
+COLUMNS = (
+    "dataset",
+    "scorer",
+    "PR-AUC mean",
+    "PR-AUC min-max",
+    "F1",
+    "median lead h",
+    "false alarms / machine-week",
+    "train min",
+    "seeds",
+)
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in rows:
+        if "error" in r:
+            cells = [r["dataset"], "error", r["error"].replace("|", "/")[:200], *["-"] * (len(COLUMNS) - 3)]
+        else:
+            spread = "-" if r["pr_auc_min"] is None else f"{r['pr_auc_min']:.3f}-{r['pr_auc_max']:.3f}"
+            cells = [
+                r["dataset"],
+                r["scorer"],
+                _fmt(r["pr_auc_mean"]),
+                spread,
+                _fmt(r["f1_mean"]),
+                _fmt(r["median_lead_time_h_mean"], 1),
+                _fmt(r["false_alarms_per_machine_week_mean"]),
+                _fmt(r["train_minutes_mean"], 2),
+                str(r["seeds"]),
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# --- the run ------------------------------------------------------------------------------------------------------
+
+
+def training_settings(dataset: Dataset, seed: int, args: argparse.Namespace) -> TrainSettings:
+    """The LM's defaults; the dataset's facts; the run's budget. Nothing tuned per fleet."""
+    given: dict[str, Any] = {
+        "horizon_h": dataset.horizon_h,
+        "window_h": dataset.window_h,
+        "every_h": dataset.every_h,
+        "scaling": dataset.scaling,
+        "seed": seed,
+        "max_minutes": args.max_minutes,
+        "threads": args.threads,
+    }
+    if args.max_steps is not None:
+        given["max_steps"] = args.max_steps
+    if args.smoke:
+        given.update(SMOKE_TRAINING)
+        if args.max_steps is not None:
+            given["max_steps"] = args.max_steps
+    return TrainSettings(**given)
+
+
+def selected(args: argparse.Namespace) -> list[Dataset]:
+    if args.smoke:
+        return [SMOKE]
+    by_name = {d.name: d for d in DATASETS}
+    names = args.only.split(",") if args.only else list(QUICK if args.quick else by_name)
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise SystemExit(f"error: unknown dataset(s) {unknown}; known: {', '.join(by_name)}")
+    chosen = [by_name[n] for n in names]
+    for d in chosen:
+        if d.simulated is None and not (args.datasets / d.name).is_dir():
+            raise SystemExit(f"error: dataset folder {args.datasets / d.name} does not exist (see --datasets)")
+    return chosen
+
+
+def _machine() -> dict[str, Any]:
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "commit": commit,
+        "load_average_start": os.getloadavg()[0],
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    results: dict[str, Any] = {
+        "command": " ".join(["bench/quality_suite.py", *args.argv]),
+        "started": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "machine": _machine(),
+        "seeds": args.seeds,
+        "budget": {"max_minutes": args.max_minutes, "max_steps": args.max_steps},
+        "datasets": {},
+    }
+    for dataset in selected(args):
+        entry: dict[str, Any] = {"facts": dataset.facts(), "runs": []}
+        results["datasets"][dataset.name] = entry
+        work = out / dataset.name
+        try:
+            prepared = prepare(dataset, args.datasets, work, training_settings(dataset, args.seeds[0], args))
+        except Exception as err:  # one dataset's failure is recorded, and the others still run
+            log.error("%s: %s", dataset.name, err)
+            entry["error"] = f"{type(err).__name__}: {err}"
+            continue
+        entry["windows"] = {
+            "train": outcome_counts(prepared.train),
+            "validation": outcome_counts(prepared.validation),
+            "test": outcome_counts(prepared.test),
+            "test_failures": failures_in(prepared.test),
+        }
+        entry["source"] = prepared.source
+        entry["prepare_seconds"] = round(prepared.seconds, 1)
+        log.info("%s: windows %s (%.0f s)", dataset.name, entry["windows"], prepared.seconds)
+        for seed in args.seeds:
+            settings = training_settings(dataset, seed, args)
+            record: dict[str, Any] = {"seed": seed}
+            try:
+                scorers = {"lm": run_lm(prepared, settings, work / f"seed-{seed}")}
+                scorers.update(run_baselines(prepared, settings, seed))
+                record["scorers"] = scorers
+                log.info(
+                    "%s seed %d: %s",
+                    dataset.name,
+                    seed,
+                    {k: v["pr_auc"] for k, v in scorers.items()},
+                )
+            except Exception as err:
+                log.error("%s seed %d: %s", dataset.name, seed, err)
+                record["error"] = f"{type(err).__name__}: {err}"
+                record["traceback"] = traceback.format_exc(limit=6)
+            entry["runs"].append(record)
+        if not args.keep_artifacts:
+            shutil.rmtree(work, ignore_errors=True)
+    results["minutes"] = round((time.monotonic() - started) / 60, 2)
+    results["machine"]["load_average_end"] = os.getloadavg()[0]
+    results["summary"] = summarize(results)
+    return results
+
+
+def _seeds(value: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in value.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds {value!r}: expected comma-separated integers") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"--seeds {value!r}: expected distinct integers, at least one")
+    return seeds
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS, help="folder holding the datasets")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="folder for quality.md and quality.json (default: under .state/quality)"
+    )
+    parser.add_argument("--seeds", type=_seeds, default=None, help="comma-separated seeds (default 0,1,2; quick: 0)")
+    parser.add_argument("--only", default=None, help="comma-separated dataset names (default: all; quick: a subset)")
+    parser.add_argument(
+        "--max-minutes", type=float, default=None, help="training budget per seed (default 2; quick 1.5)"
+    )
+    parser.add_argument("--max-steps", type=int, default=None, help="most steps per training (default: the LM's)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per training")
+    parser.add_argument("--quick", action="store_true", help=f"one seed, {', '.join(QUICK)}, capped steps")
+    parser.add_argument("--smoke", action="store_true", help="one tiny simulated fleet, a few steps (for the tests)")
+    parser.add_argument("--keep-artifacts", action="store_true", help="keep each run's signed artifact and fleet")
+    args = parser.parse_args(argv)
+    args.argv = argv
+    small = args.quick or args.smoke
+    if args.seeds is None:
+        args.seeds = [0] if small else [0, 1, 2]
+    if args.max_minutes is None:
+        # 8 datasets x 3 seeds x (2 min of training + about 2 of tokenizing, export, scoring and the baselines)
+        args.max_minutes = 0.5 if args.smoke else 1.5 if args.quick else 2.0
+    if args.max_steps is None and args.quick:
+        args.max_steps = 300
+    if args.out is None:
+        state = Path(os.environ.get("PRECURSOR_STATE_DIR", REPO_ROOT / ".state"))
+        args.out = state / "quality" / f"{datetime.now(UTC):%Y%m%dT%H%M%S}"
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    log.setLevel(logging.INFO)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # a bar per saved checkpoint would bury the suite's own lines
+    results = run(args)
+    table = markdown(results["summary"])
+    (args.out / "quality.md").write_text(
+        f"{table}\n\n`{results['command']}` ({results['started']}, {results['machine']['cpus']} CPUs, "
+        f"{results['minutes']} min)\n",
+        encoding="utf-8",
+    )
+    (args.out / "quality.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    print(table)
+    print(f"\nwritten: {args.out / 'quality.md'}, {args.out / 'quality.json'} ({results['minutes']} min)")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""The quality suite end to end on a tiny simulated fleet: train, export, sign, score through the artifact."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SUITE = REPO / "bench" / "quality_suite.py"
+
+
+def _suite() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("quality_suite", SUITE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("quality")
+    done = subprocess.run(
+        [sys.executable, str(SUITE), "--smoke", "--out", str(out), "--keep-artifacts"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, done.stdout
+
+
+def test_the_table_has_every_column_and_a_row_per_scorer(smoke: tuple[Path, str]) -> None:
+    out, stdout = smoke
+    table = (out / "quality.md").read_text()
+    lines = [line for line in table.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header == [
+        "dataset",
+        "scorer",
+        "PR-AUC mean",
+        "PR-AUC min-max",
+        "F1",
+        "median lead h",
+        "false alarms / machine-week",
+        "train min",
+        "seeds",
+    ]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    assert [r[:2] for r in rows] == [["sim_smoke", "lm"], ["sim_smoke", "gradient-boosting"], ["sim_smoke", "zscore"]]
+    for row in rows:
+        assert len(row) == len(header)
+        assert 0.0 <= float(row[2]) <= 1.0
+        low, high = (float(v) for v in row[3].split("-"))
+        assert low <= float(row[2]) <= high
+        assert 0.0 <= float(row[4]) <= 1.0
+        assert row[8] == "1"
+    assert lines[0] in stdout  # printed as well as written
+
+
+def test_the_json_holds_every_per_seed_figure(smoke: tuple[Path, str]) -> None:
+    out, _ = smoke
+    results = json.loads((out / "quality.json").read_text())
+    assert results["seeds"] == [0]
+    assert results["machine"]["cpus"] >= 1
+    entry = results["datasets"]["sim_smoke"]
+    assert entry["facts"]["horizon"] == "12h" and entry["facts"]["split"] == "time"
+    assert entry["facts"]["scaling"] == "machine"  # a time split tests the machines it trained on
+    assert entry["windows"]["test_failures"] > 0
+    (run,) = entry["runs"]
+    assert run["seed"] == 0
+    assert set(run["scorers"]) == {"lm", "gradient-boosting", "zscore"}
+    for name, m in run["scorers"].items():
+        for key in ("pr_auc", "f1", "precision", "recall", "median_lead_time_h", "false_alarms_per_machine_week"):
+            assert key in m, (name, key)
+        assert 0.0 <= m["pr_auc"] <= 1.0
+        assert 0.0 <= m["precision"] <= 1.0 and 0.0 <= m["recall"] <= 1.0
+        assert m["false_alarms_per_machine_week"] >= 0.0
+        assert m["median_lead_time_h"] is None or 0.0 <= m["median_lead_time_h"] <= 12.0
+        assert m["train_minutes"] >= 0.0 and math.isfinite(m["train_minutes"])
+        assert m["windows"] == sum(entry["windows"]["test"].values())
+    lm = run["scorers"]["lm"]
+    assert lm["train_minutes"] > 0
+    # scored through the signed int8 artifact, the edge's path
+    artifact = Path(lm["artifact"])
+    assert (artifact / "manifest.json").is_file() and any(artifact.glob("*.onnx"))
+    summary = {(r["dataset"], r["scorer"]): r for r in results["summary"]}
+    assert summary["sim_smoke", "lm"]["pr_auc_mean"] == pytest.approx(lm["pr_auc"])
+
+
+def test_an_unknown_dataset_is_named_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"unknown dataset.*'fd009'.*cmapss_fd001"):
+        _suite().main(["--only", "fd009", "--out", str(tmp_path)])
+    assert not (tmp_path / "quality.json").exists()
+
+
+def test_every_dataset_folder_has_its_row_of_facts() -> None:
+    suite = _suite()
+    names = {d.name for d in suite.DATASETS}
+    real = {p.name for p in (REPO.parent / "shared" / "datasets").iterdir() if p.is_dir()}
+    assert real <= names
+    profiles = {d.simulated.profile for d in suite.DATASETS if d.simulated is not None}
+    assert profiles == {"slow-degradation", "error-codes", "server-metrics", "daily"}
+    assert set(suite.QUICK) <= names
