@@ -24,6 +24,8 @@ from typing import TextIO
 _KINDS = (
     ("not valid JSON", "malformed"),
     ("not valid UTF-8", "malformed"),
+    ("not a CSV line", "malformed"),
+    ("unreadable", "malformed"),
     ("fields, the header has", "malformed"),
     ("expected a JSON object", "malformed"),
     ("bad CSV header", "malformed"),
@@ -47,6 +49,8 @@ def reason_kind(reason: str) -> str:
     """A short label for a quarantine reason, for counters and metrics.
 
     >>> reason_kind("sensor temp='NaN' is not a finite number"), reason_kind("not valid JSON: Expecting value")
+    ('non_finite', 'malformed')
+    >>> reason_kind("sensor temp=1e+308 is too large: beyond float32's range"), reason_kind("not a CSV line: ...")
     ('non_finite', 'malformed')
     """
     for marker, kind in _KINDS:

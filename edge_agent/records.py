@@ -86,9 +86,14 @@ def _picker(columns: tuple[int, ...]) -> Callable[[list[str]], tuple[str, ...]]:
     return lambda fields: tuple(fields[i] for i in columns)
 
 
-def _within_float32(values: tuple[float, ...]) -> bool:
-    """Whether finite values (no NaN: the caller checked) all fit float32."""
-    return max(values) <= FLOAT32_MAX and min(values) >= -FLOAT32_MAX
+def _fits(values: tuple[float, ...] | list[float]) -> bool:
+    """Whether values are all finite numbers that float32 holds, in one C-level pass.
+
+    Their Euclidean norm is at least the largest magnitude, NaN with a NaN and infinite with an infinity, and it
+    never overflows on the way. False for many values close to float32's limit too: the caller then checks value by
+    value, which says exactly which one is wrong, if any.
+    """
+    return math.hypot(*values) <= FLOAT32_MAX
 
 
 def _beyond_float32(name: str, value: object) -> str:
@@ -254,9 +259,7 @@ class RecordParser:
             except ValueError:
                 values = self._csv_values(layout.sensors, texts)  # blanks (missing) or a bad field: say which
             else:
-                total = sum(values)
-                # A NaN or an infinity somewhere (or finite values that overflow a sum), or a value float32 cannot hold
-                if total - total != 0.0 or not _within_float32(values):
+                if not _fits(values):  # a NaN, an infinity or a value float32 cannot hold: say which
                     values = self._csv_values(layout.sensors, texts)
         except ValueError as err:
             return RowError(self.source, line, raw, str(err))
@@ -320,10 +323,7 @@ class RecordParser:
             columns = [list(map(float, fields[c::width])) for c in layout.columns]
         except ValueError:
             return None
-        total = sum(map(sum, columns))
-        if total - total != 0.0:  # a NaN or an infinity somewhere (or finite values that overflow a sum)
-            return None
-        if max(map(max, columns)) > FLOAT32_MAX or min(map(min, columns)) < -FLOAT32_MAX:
+        if not all(map(_fits, columns)):  # a NaN, an infinity or a value float32 cannot hold somewhere
             return None
         return list(
             map(_new_reading, repeat(Reading), zip(machines, times, repeat(layout.sensors), zip(*columns, strict=True)))
@@ -364,11 +364,9 @@ class RecordParser:
                     values = tuple(map(float, pick(fields)))
                 except ValueError:
                     values = ()
-                if values:
-                    total = sum(values)
-                    if total - total == 0.0 and _within_float32(values):
-                        append(_new_reading(Reading, (fields[machine_at], last_t, sensors, values)))
-                        continue
+                if values and _fits(values):
+                    append(_new_reading(Reading, (fields[machine_at], last_t, sensors, values)))
+                    continue
             append(self.csv_row(layout, fields, n, text))  # the long way, with the reason if it is bad
             last_raw, last_t = self._last_stamp
         return out

@@ -79,7 +79,9 @@ def record_chunks(
         yield from _parquet_chunks(path, parser, lines)
         return
     cap = max_line or parser.max_record_bytes
-    with path.open(encoding="utf-8-sig", errors="replace", newline="") as fh:  # -sig: a byte order mark is no data
+    with path.open(encoding="utf-8", errors="replace", newline="") as fh:
+        if fh.read(1) != "\ufeff":  # a byte order mark is no data (utf-8-sig would skip it, at half the speed)
+            fh.seek(0)
         read = functools.partial(fh.readline, cap + 1)
         line = 1
         if suffix not in (".jsonl", ".ndjson", ".json"):
