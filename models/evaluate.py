@@ -36,6 +36,7 @@ from models.dataset import (
     DatasetError,
     Fleet,
     LabeledWindow,
+    MachineSplit,
     TimeSplit,
     WindowSpec,
     build_windows,
@@ -268,6 +269,7 @@ def evaluate(
     since: str | None = None,
     trusted_keys: str | Path | None = None,
     progress: Progress = NO_PROGRESS,
+    test_machines: MachineSplit | None = None,
 ) -> EvaluationReport:
     """Score the test windows with the model and the baselines, each at its own validation-chosen threshold.
 
@@ -297,6 +299,10 @@ def evaluate(
         until_s=parse_time(meta.data["split"]["until"]),
     )
     test_fleet = Fleet.load(telemetry, events, machines)
+    if test_machines is None and "test_machines" in meta.data:  # a model trained with a machine split
+        test_machines = MachineSplit.from_json(meta.data["test_machines"])
+    if test_machines is not None:  # the baselines learn without the test machines, and only those are tested
+        train_fleet, test_fleet = test_machines.apply(train_fleet, test_fleet)
     shared = set(train_fleet.machine_ids) & set(test_fleet.machine_ids)
     since_s = parse_time(since) if since is not None else None
     if shared:

@@ -44,6 +44,7 @@ from models.dataset import (
     DatasetError,
     Fleet,
     LabeledWindow,
+    MachineSplit,
     WindowSpec,
     choose_split,
     outcome_counts,
@@ -682,13 +683,19 @@ def train(
     checkpoint_dir: str | Path | None = None,
     version: str | None = None,
     progress: Progress = NO_PROGRESS,
+    test_machines: MachineSplit | None = None,
 ) -> TrainResult:
-    """The whole of ``precursor train``: read the files, split in time, then :func:`train_on_windows`."""
+    """The whole of ``precursor train``: read the files, split in time, then :func:`train_on_windows`.
+
+    The machines ``test_machines`` holds out take no part in training or validation.
+    """
     from models.dataset import parse_time
 
     started = time.monotonic()
     progress.stage("reading the fleet")
     fleet = Fleet.load(telemetry, events, machines)
+    if test_machines is not None:
+        fleet = fleet.only(lambda m: not test_machines.holds_out(m))
     split = choose_split(
         fleet,
         settings.horizon_h,
@@ -708,6 +715,7 @@ def train(
             "events": str(Path(events).resolve()) if events is not None else None,
             "machines": str(Path(machines).resolve()) if machines is not None else None,
             "split": split.to_json(),
+            **({"test_machines": test_machines.to_json()} if test_machines is not None else {}),
         },
         signing_key=signing_key,
         checkpoint_dir=checkpoint_dir,

@@ -2,21 +2,42 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from models.dataset import DatasetError, Fleet, MachineSplit, WindowSpec, machine_validation_split
+from models.dataset import (
+    DatasetError,
+    Fleet,
+    LabeledWindow,
+    MachineSplit,
+    WindowSpec,
+    build_windows,
+    choose_split,
+    machine_validation_split,
+    outcome_counts,
+    split_windows,
+)
 from simulator import FleetConfig, write_fleet
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Fleet:
+def fleet_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     files = write_fleet(
         FleetConfig(machines=20, duration="12d", interval="1h", seed=3, mtbf="3d"), tmp_path_factory.mktemp("fleet")
     )
-    return Fleet.load(files.telemetry, files.events, files.machines)
+    return {"telemetry": files.telemetry, "events": files.events, "machines": files.machines}
+
+
+@pytest.fixture(scope="module")
+def fleet(fleet_files: dict[str, Path]) -> Fleet:
+    return Fleet.load(fleet_files["telemetry"], fleet_files["events"], fleet_files["machines"])
+
+
+def machine_windows(fleet: Fleet, spec: WindowSpec) -> list[LabeledWindow]:
+    return build_windows(fleet, spec)
 
 
 def test_a_fraction_holds_out_about_that_share_the_same_way_every_time() -> None:
@@ -79,3 +100,44 @@ def test_validation_by_machine_holds_failures_on_machines_training_never_sees(fl
     assert failed_machines and any(w.failed for w in train)
     with pytest.raises(DatasetError, match="validation share needs 500"):
         machine_validation_split(fleet, spec, min_failures=500)
+
+
+def test_train_and_evaluate_with_test_machines_never_train_on_the_machines_they_test(
+    tmp_path: Path, fleet_files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from models.cli import evaluate_command, train_command
+    from models.model import read_meta
+
+    files = {name: fleet_files[name] for name in ("telemetry", "events", "machines")}
+    model = tmp_path / "model"
+    train_command(
+        **files,
+        out=model,
+        horizon="12h",
+        test_machines="0.3",
+        scaling="fleet",
+        max_steps=10,
+        n_layer=1,
+        n_embd=16,
+        n_head=2,
+        max_length=64,
+        quiet=True,
+    )
+    meta = read_meta(model)
+    assert meta.data["test_machines"]["fraction"] == 0.3
+    fleet = Fleet.load(*files.values())
+    split = MachineSplit.parse("0.3")
+    held = {m for m in fleet.machine_ids if split.holds_out(m)}
+    assert 0 < len(held) < len(fleet.machine_ids)
+    spec = WindowSpec(window_h=12, horizon_h=12, event_lookback_h=12 + 72)
+    kept = fleet.only(lambda m: m not in held)
+    training, validation = split_windows(kept, spec, choose_split(kept, 12))
+    assert meta.data["training_windows"] == outcome_counts(training)
+    assert meta.data["validation_windows"] == outcome_counts(validation)
+    assert not {w.window.machine_id for w in [*training, *validation]} & held
+    capsys.readouterr()
+    evaluate_command(model=model, **files, json_output=True, quiet=True)
+    report = json.loads(capsys.readouterr().out)
+    tested = machine_windows(fleet.only(lambda m: m in held), spec)
+    assert report["model"]["windows"] == len(tested)  # every window of the held-out machines, and nothing else
+    assert report["baselines"]["gradient-boosting"]["windows"] == len(tested)
