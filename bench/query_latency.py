@@ -1,6 +1,7 @@
 """Latency of the two questions asked most (at risk now; one machine's history) over a store of 10 million predictions.
 
-Builds the store once (``--store``, default ``.state/bench/query-10m.duckdb``; rebuilt when its row count differs):
+Builds the store once (``--store``, default ``bench/query-10m.duckdb`` in the state folder, ``PRECURSOR_STATE_DIR``
+or ``.state``; rebuilt when its row count differs):
 1,000 machines on 20 edges, one prediction per machine every 10 minutes for ~69 days, appended in time order as the
 pipeline appends them, with ``latest_predictions`` kept as the writer keeps it. Then it asks each question
 ``--rounds`` times: the way the API's reader does (attach the file read-only to a long-lived in-memory DuckDB, ask,
@@ -168,7 +169,8 @@ def upsert_cost(path: Path, batch_rows: int = 5000) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
-    parser.add_argument("--store", type=Path, default=REPO_ROOT / ".state" / "bench" / "query-10m.duckdb")
+    state = Path(os.environ.get("PRECURSOR_STATE_DIR", REPO_ROOT / ".state"))
+    parser.add_argument("--store", type=Path, default=state / "bench" / "query-10m.duckdb")
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--upsert", action="store_true", help="also time an ingest batch with and without the upsert")
     args = parser.parse_args(argv)
