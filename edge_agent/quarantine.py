@@ -128,6 +128,9 @@ class Quarantine:
 
     def write(self, db: sqlite3.Connection) -> None:
         """Write the ready entries to the file and save its size and the counts (inside the caller's transaction)."""
+        self._pending_save = None
+        if not self._ready and self._saved is not None:
+            return  # nothing new: most commits have no bad record
         self._write_lines()
         counts = self.saved_counts.copy()
         counts.update(kind for kind, _ in self._writing)
