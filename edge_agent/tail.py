@@ -79,6 +79,7 @@ class FileTail:
         limits = limits or InputSpec()
         self.parser = RecordParser(str(self.path), max_sensors=limits.max_sensors)
         self.max_line = limits.max_record_bytes
+        self._too_long = f"line longer than max_record_bytes={self.max_line} bytes"
         self.lines = 0
         self.rotations = 0
 
@@ -223,7 +224,7 @@ class FileTail:
                         str(self.path),
                         opened.offset,
                         pending[:200].decode("utf-8", "replace"),
-                        f"line longer than max_record_bytes={self.max_line} bytes",
+                        self._too_long,
                     )
                 )
                 skipped = self._skip_line(handle)
@@ -263,7 +264,7 @@ class FileTail:
         """The readings of complete CSV lines after the header, parsed together when every line is a usual row (see
         :meth:`RecordParser.csv_block`); None sends them through :meth:`_records` one by one, which says what is wrong
         with a bad one and where."""
-        if self.format != "csv" or opened.layout is None or not lines:
+        if self.format != "csv" or opened.layout is None or not lines or max(map(len, lines)) > self.max_line:
             return None
         try:
             # Decodes where each line decodes: a newline byte cannot be part of a multi-byte character.
@@ -279,6 +280,8 @@ class FileTail:
 
     def _records(self, opened: _Open, raw: bytes, offset: int) -> list[Record]:
         self.lines += 1
+        if len(raw) > self.max_line:  # refused whole, as the replay does (a longer one never gets this far)
+            return [RowError(str(self.path), offset, raw[:200].decode("utf-8", "replace"), self._too_long)]
         try:
             text = raw.decode("utf-8-sig" if offset == 0 else "utf-8").rstrip("\r")  # a byte order mark is no data
         except UnicodeDecodeError as err:

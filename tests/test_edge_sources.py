@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from contracts.formats import RowError
 from contracts.messages import Event
-from edge_agent.config import EdgeConfig, ReplaySource, SimulatorSource, TailSource
+from edge_agent.config import EdgeConfig, InputSpec, ReplaySource, SimulatorSource, TailSource
 from edge_agent.records import Reading
 from edge_agent.sources import FileReplay, SimulatedFleet, SourceBatch
 from edge_agent.tail import FileTail
@@ -248,8 +248,6 @@ def test_a_paced_simulator_position_counts_only_the_items_handed_on() -> None:
 
 
 def replayed(path: Path, **limits: object) -> list[object]:
-    from edge_agent.config import InputSpec
-
     return [
         i
         for b in FileReplay(ReplaySource(telemetry=path), InputSpec(**limits)).batches(None, threading.Event())
@@ -325,3 +323,17 @@ def test_a_paced_replay_does_not_wait_for_a_reading_stamped_in_the_far_future(tm
     reader.join(5)
     stop.set()
     assert got == [0.0, 99.0, 1.0, 2.0]
+
+
+def test_tail_refuses_a_complete_line_over_the_record_limit_as_the_replay_does(tmp_path: Path) -> None:
+    """A line over max_record_bytes that arrived whole (within one read) was parsed anyway: here a valid row."""
+    path = tmp_path / "t.csv"
+    long = f"1767225601,m1,{'1' * 30}.5{'0' * 1100}\n"  # a valid number, 1,100 zeros after the point
+    path.write_text(HEADER + line(0) + long + line(2))
+    source = FileTail(TailSource(path=path, poll=timedelta(milliseconds=20)), InputSpec(max_record_bytes=1024))
+    follower = Follower(source)
+    assert follower.until(2) == [0, 2]
+    follower.close()
+    for items in ([i for b in follower.batches for i in b.items], replayed(path, max_record_bytes=1024)):
+        errors = [i for i in items if isinstance(i, RowError)]
+        assert len(errors) == 1 and "longer than max_record_bytes=1024" in errors[0].reason
