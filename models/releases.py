@@ -30,8 +30,6 @@ models.releases.KeyRotationError: key rotation to trust version 1 is signed by 0
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import logging
@@ -42,12 +40,21 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from contracts.messages import KeyRotation, KeySignature, ModelRelease
-from models.signing import SignatureError, TrustedKeys, key_id, load_private_key, sign, verify
+from models.signing import (
+    KeyFileError,
+    SignatureError,
+    TrustedKeys,
+    key_id,
+    load_private_key,
+    public_key_from_text,
+    public_key_text,
+    sign,
+    verify,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,16 +103,12 @@ def release_digest(release: ModelRelease) -> str:
 # --- public keys inside statements ----------------------------------------------------------------------------------
 
 
-def public_key_b64(public_key: Ed25519PublicKey) -> str:
-    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return base64.b64encode(raw).decode("ascii")
-
-
 def public_key_from_b64(text: str) -> Ed25519PublicKey:
+    """A key named in a rotation: a key that does not read makes the rotation fail, not the caller."""
     try:
-        return Ed25519PublicKey.from_public_bytes(base64.b64decode(text, validate=True))
-    except (binascii.Error, ValueError):
-        raise KeyRotationError(f"public key {text[:12]!r}... is not 32 base64 bytes of an ed25519 key") from None
+        return public_key_from_text(text)
+    except KeyFileError as err:
+        raise KeyRotationError(str(err)) from None
 
 
 # --- trust -----------------------------------------------------------------------------------------------------------
@@ -202,7 +205,7 @@ def make_rotation(
     trusted now and of ``new_keys`` (see :meth:`KeyTrust.advance`); the caller checks with it."""
     rotation = KeyRotation(
         version=(max((r.version for r in keyring), default=0)) + 1,
-        keys={key_id(k): public_key_b64(k) for k in new_keys},
+        keys={key_id(k): public_key_text(k) for k in new_keys},
         threshold=threshold,
         issued_at=now or datetime.now(UTC),
     )
