@@ -15,7 +15,9 @@ never saw (a split by machine) get one scaling per sensor, the machines of a tim
 
 Prints one markdown table (per dataset and scorer: PR-AUC mean and min-max over seeds, F1, median lead time, false
 alarms per machine-week, training minutes) and writes it to ``OUT/quality.md``, with every per-seed figure in
-``OUT/quality.json``.
+``OUT/quality.json``. The metrics are :mod:`models.evaluate`'s, each scorer at its validation-chosen threshold. An LM's
+training minutes are the whole of it (tokenizing, training, choosing the threshold, export and signing); a baseline's
+are its fit. A dataset or seed that fails is recorded with its error, and the rest still run.
 """
 
 from __future__ import annotations
