@@ -62,6 +62,9 @@ def _offline_environment(server: LocalPrefectServer) -> None:
     """
     for key, value in {**OFFLINE_ENVIRONMENT, "PREFECT_HOME": str(server.home)}.items():
         os.environ.setdefault(key, value)
+    # Prefect makes its home one level deep at most: in a state folder not made yet, its database could not be
+    # opened, and a run without a server retried a temporary one for minutes, with a traceback each time.
+    Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
 
 
 # --- server --------------------------------------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,7 @@ import pytest
 from edge_agent.config import EdgeConfig
 from flows.settings import DriftCheckSettings, RetrainSettings
 from pipelines.cli import dataset_path
+from tests.conftest import REPO_ROOT
 
 EDGE = {"edge_id": "edge-s", "sources": [{"type": "replay", "telemetry": "telemetry.csv"}]}
 
@@ -55,3 +59,23 @@ def test_without_a_state_dir_the_edge_keeps_its_state_beside_its_config(
     assert EdgeConfig.from_dict(EDGE, base=tmp_path).state_dir == tmp_path / ".state" / "edge"
     given = EdgeConfig.from_dict({**EDGE, "state_dir": "mine"}, base=tmp_path)
     assert given.state_dir == tmp_path / "mine"
+
+
+def test_a_flow_run_in_a_state_dir_not_made_yet_starts_cleanly(tmp_path: Path) -> None:
+    """The reproduction: Prefect could not make ``<state>/prefect`` two levels deep, so the temporary server it starts
+    when no server runs could not open its database; the run retried for minutes, with a traceback each time."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+    env["PRECURSOR_STATE_DIR"] = str(tmp_path / "fresh" / "state")
+    done = subprocess.run(
+        [sys.executable, "-m", "precursor", "flows", "run", "drift-check"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "no retrain: no monitoring figures yet" in done.stdout
+    assert "Traceback" not in output and "unable to open database file" not in output, output[-3000:]
+    assert (tmp_path / "fresh" / "state" / "prefect").is_dir()
