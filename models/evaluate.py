@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from contracts.alerting import AlertRule
+from models.alert_level import AlertMetrics, alert_metrics, alert_table
 from models.dataset import (
     DatasetError,
     Fleet,
@@ -214,6 +216,9 @@ class EvaluationReport(BaseModel):
 
     model: Metrics
     baselines: dict[str, Metrics]
+    alerts: dict[str, AlertMetrics] = {}
+    """Alert-level figures per scorer (``model`` and each baseline), see :mod:`models.alert_level`."""
+    alert_rule: AlertRule = AlertRule()
 
     def table(self) -> str:
         """The report as an aligned text table, one row per scorer."""
@@ -237,6 +242,8 @@ class EvaluationReport(BaseModel):
         text = ["  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)) for r in lines]
         m = self.model
         text.append(f"({m.windows} test windows, {m.failed_windows} within the horizon of {m.failures} failures)")
+        if self.alerts:
+            text.append(alert_table(self.alerts, self.alert_rule))
         return "\n".join(text)
 
     def to_json(self) -> str:
@@ -270,6 +277,7 @@ def evaluate(
     trusted_keys: str | Path | None = None,
     progress: Progress = NO_PROGRESS,
     test_machines: MachineSplit | None = None,
+    alert_rule: AlertRule | None = None,
 ) -> EvaluationReport:
     """Score the test windows with the model and the baselines, each at its own validation-chosen threshold.
 
@@ -339,15 +347,21 @@ def evaluate(
     ]
     failed = [w.failed for w in train]
     results: dict[str, Metrics] = {}
+    rule = alert_rule or AlertRule()  # the pipeline's default hysteresis, judged at each scorer's own threshold
+    alerts: dict[str, AlertMetrics] = {}
     for baseline in baselines:
         progress.stage(f"baseline {baseline.name}: fitting and scoring")
         if hasattr(baseline, "fit"):
             baseline.fit([w.window for w in train], failed)
         on_validation = score_windows(baseline, validation)
         threshold = best_f1_threshold([w.failed for w in on_validation], [w.score for w in on_validation])
-        results[baseline.name] = window_metrics(score_windows(baseline, test), threshold, spec.every_h)
+        scored = score_windows(baseline, test)
+        results[baseline.name] = window_metrics(scored, threshold, spec.every_h)
+        alerts[baseline.name] = alert_metrics(scored, threshold, spec.every_h, spec.horizon_h, rule)
 
     progress.stage(f"scoring {len(test):,} test windows with the model")
     lm = load_lm_scorer(model_dir, Path(trusted_keys) if trusted_keys is not None else None)
-    model_metrics = window_metrics(score_windows(lm, test), meta.threshold, spec.every_h)
-    return EvaluationReport(model=model_metrics, baselines=results)
+    scored = score_windows(lm, test)
+    model_metrics = window_metrics(scored, meta.threshold, spec.every_h)
+    alerts = {"model": alert_metrics(scored, meta.threshold, spec.every_h, spec.horizon_h, rule), **alerts}
+    return EvaluationReport(model=model_metrics, baselines=results, alerts=alerts, alert_rule=rule)

@@ -128,6 +128,8 @@ def test_evaluate_scores_the_model_and_both_baselines_on_the_same_windows(
     assert keys <= set(payload["model"])
     assert all(keys <= set(v) for v in payload["baselines"].values())
     assert "gradient-boosting" in report.table()
+    assert "alerts as the pipeline raises them" in report.table()
+    assert report.alerts["model"].threshold == report.model.threshold
 
 
 def test_evaluate_refuses_a_test_period_that_overlaps_training(fleet_and_model: tuple[dict[str, Path], Path]) -> None:
@@ -179,8 +181,13 @@ def test_command_line_train_then_evaluate_json(tmp_path: Path) -> None:
     evaluated = runner.invoke(app, ["evaluate", *common, "--model", str(tmp_path / "m"), "--json"])
     assert evaluated.exit_code == 0, evaluated.output
     report = json.loads(evaluated.stdout)
-    assert set(report) == {"model", "baselines"}
+    assert set(report) == {"model", "baselines", "alerts", "alert_rule"}
     assert 0.0 <= report["model"]["precision"] <= 1.0
+    # Alert-level figures for every scorer, each at the scorer's own threshold, under the pipeline's hysteresis.
+    assert set(report["alerts"]) == {"model", *report["baselines"]}
+    assert report["alerts"]["model"]["threshold"] == report["model"]["threshold"]
+    assert report["alerts"]["model"]["failures"] == report["model"]["failures"]
+    assert report["alert_rule"]["raise_after"] == 2
 
     bad = runner.invoke(app, ["train", *common[:4], "--horizon", "soon", "--out", str(tmp_path / "x")])
     assert bad.exit_code != 0 and "soon" in bad.output
