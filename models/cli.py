@@ -228,6 +228,9 @@ def evaluate_command(
         Path | None, typer.Option(help="Public key file or folder that may sign the artifact (for signed artifacts).")
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,
+    diagram: Annotated[
+        Path | None, typer.Option(help="Also write the reliability diagram (SVG) of the model and baselines here.")
+    ] = None,
     quiet: QuietOption = False,
     progress: ProgressOption = False,
 ) -> None:
@@ -254,3 +257,5 @@ def evaluate_command(
     except (DatasetError, TokenizerError, ContractError, FileNotFoundError, ValueError) as err:
         raise _fail(str(err)) from None
     typer.echo(report.to_json() if json_output else report.table())
+    if diagram is not None:
+        report.write_reliability_diagram(diagram)

@@ -7,6 +7,8 @@ Definitions (each window is one prediction; a window "alerts" when ``risk["failu
   first (ties form one step), the same as scikit-learn's ``average_precision_score``.
 - lead time: for each failure with at least one window in its warning period (``[f - horizon, f)``), the hours from
   the end of its earliest alerting warning window to the failure; the median over failures that got an alert.
+- Brier score: mean of ``(risk - failed)^2``; ECE: expected calibration error over 10 equal-width bins of risk,
+  ``sum_b n_b / N * |mean risk_b - failure rate_b|``. Both read a baseline's score as the probability it claims.
 - false alarms per machine-week: alerts *raised* (a window alerts and the machine's previous window, one step
   earlier, did not) on windows whose outcome was ok, divided by machine-weeks observed (windows x step / 168 h).
 
@@ -21,6 +23,7 @@ Definitions (each window is one prediction; a window "alerts" when ``risk["failu
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import math
@@ -34,6 +37,7 @@ from pydantic import BaseModel, ConfigDict
 
 from contracts.alerting import AlertRule
 from models.alert_level import AlertMetrics, alert_metrics, alert_table
+from models.calibration import ReliabilityBin, brier_score, expected_calibration_error, reliability_bins
 from models.dataset import (
     DatasetError,
     Fleet,
@@ -49,6 +53,8 @@ from models.progress import NO_PROGRESS, Progress
 from models.scoring import ANY_FAILURE, Scorer
 
 HOURS_PER_WEEK = 168.0
+RELIABILITY_BINS = 10
+"""Equal-width bins for ECE and the reliability diagram (see :func:`models.calibration.reliability_bins`)."""
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +183,12 @@ class Metrics(BaseModel):
     failed_windows: int
     failures: int
     failures_alerted: int
+    brier: float | None = None
+    """Mean squared error of ``risk["failure"]`` against the outcome (:func:`models.calibration.brier_score`)."""
+    ece: float | None = None
+    """Expected calibration error over :data:`RELIABILITY_BINS` equal-width bins."""
+    reliability: list[ReliabilityBin] = []
+    """The reliability diagram's bins: per bin of risk, how many windows, their mean risk, how often they failed."""
 
 
 def window_metrics(windows: Sequence[ScoredWindow], threshold: float, every_h: float) -> Metrics:
@@ -197,6 +209,9 @@ def window_metrics(windows: Sequence[ScoredWindow], threshold: float, every_h: f
         failed_windows=int(sum(failed)),
         failures=failures,
         failures_alerted=len(leads),
+        brier=brier_score(failed, scores) if windows else None,
+        ece=expected_calibration_error(failed, scores, RELIABILITY_BINS) if windows else None,
+        reliability=reliability_bins(failed, scores, RELIABILITY_BINS),
     )
 
 
@@ -223,7 +238,18 @@ class EvaluationReport(BaseModel):
     def table(self) -> str:
         """The report as an aligned text table, one row per scorer."""
         rows = [("model", self.model), *self.baselines.items()]
-        header = ["scorer", "precision", "recall", "f1", "pr_auc", "lead_h", "false_alarms/mw", "threshold"]
+        header = [
+            "scorer",
+            "precision",
+            "recall",
+            "f1",
+            "pr_auc",
+            "lead_h",
+            "false_alarms/mw",
+            "threshold",
+            "brier",
+            "ece",
+        ]
         lines = [header]
         for name, m in rows:
             lines.append(
@@ -236,6 +262,8 @@ class EvaluationReport(BaseModel):
                     "-" if m.median_lead_time_h is None else f"{m.median_lead_time_h:.1f}",
                     f"{m.false_alarms_per_machine_week:.3f}",
                     f"{m.threshold:.4g}",
+                    "-" if m.brier is None else f"{m.brier:.4f}",
+                    "-" if m.ece is None else f"{m.ece:.4f}",
                 ]
             )
         widths = [max(len(r[i]) for r in lines) for i in range(len(header))]
@@ -248,6 +276,63 @@ class EvaluationReport(BaseModel):
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=1)
+
+    def write_reliability_diagram(self, path: str | Path) -> Path:
+        """The reliability diagram of every scorer, as an SVG file (no plotting library: the install has none)."""
+        path = Path(path)
+        curves = {"model": self.model.reliability, **{k: m.reliability for k, m in self.baselines.items()}}
+        path.write_text(reliability_svg(curves))
+        return path
+
+
+DIAGRAM_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
+
+
+def reliability_svg(curves: dict[str, list[ReliabilityBin]], size: int = 420) -> str:
+    """One chart: mean risk (x) against observed failure rate (y) per non-empty bin, one line per scorer, the
+    diagonal for perfect calibration; each point's area grows with its bin's share of windows."""
+    margin, plot = 50, size - 70
+    left, top = margin, 20
+
+    def x(v: float) -> float:
+        return left + v * plot
+
+    def y(v: float) -> float:
+        return top + (1 - v) * plot
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{size + 150}" height="{size}" font-family="sans-serif" '
+        'font-size="11">',
+        f'<rect x="{left}" y="{top}" width="{plot}" height="{plot}" fill="none" stroke="#999"/>',
+        f'<line x1="{x(0)}" y1="{y(0)}" x2="{x(1)}" y2="{y(1)}" stroke="#bbb" stroke-dasharray="4 3"/>',
+    ]
+    for tick in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0):
+        parts.append(f'<text x="{x(tick):.1f}" y="{y(0) + 14:.1f}" text-anchor="middle">{tick:.1f}</text>')
+        parts.append(f'<text x="{x(0) - 6:.1f}" y="{y(tick) + 4:.1f}" text-anchor="end">{tick:.1f}</text>')
+    parts.append(f'<text x="{x(0.5):.1f}" y="{size - 8}" text-anchor="middle">mean predicted risk</text>')
+    parts.append(
+        f'<text x="12" y="{y(0.5):.1f}" text-anchor="middle" transform="rotate(-90 12 {y(0.5):.1f})">'
+        "observed failure rate</text>"
+    )
+    for i, (name, bins) in enumerate(curves.items()):
+        colour = DIAGRAM_COLOURS[i % len(DIAGRAM_COLOURS)]
+        total = sum(b.count for b in bins) or 1
+        points = [
+            (b.mean_predicted, b.observed_rate, b.count)
+            for b in bins
+            if b.mean_predicted is not None and b.observed_rate is not None
+        ]
+        line = " ".join(f"{x(p):.1f},{y(o):.1f}" for p, o, _ in points)
+        parts.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="1.5"/>')
+        for p, o, n in points:
+            radius = 2 + 6 * math.sqrt(n / total)
+            parts.append(
+                f'<circle cx="{x(p):.1f}" cy="{y(o):.1f}" r="{radius:.1f}" fill="{colour}" fill-opacity="0.6"/>'
+            )
+        parts.append(f'<rect x="{size - 10}" y="{top + 16 * i}" width="10" height="10" fill="{colour}"/>')
+        parts.append(f'<text x="{size + 4}" y="{top + 16 * i + 9}">{html.escape(name)}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
 
 
 def load_lm_scorer(model_dir: Path, trusted_keys: Path | None) -> Scorer:

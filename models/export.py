@@ -2,7 +2,8 @@
 
 Steps: load the checkpoint (torch) -> ONNX fp32 (dynamic batch and sequence) -> check it matches torch -> int8
 dynamic quantization -> check int8 makes the same alert decisions -> copy tokenizer and config -> write
-``metrics.json`` -> sign the manifest. The artifact is built in a staging folder and renamed into place only when
+``metrics.json`` -> sign the manifest. ``precursor.json`` carries the calibration map (:mod:`models.calibration`),
+so the signature covers it. The artifact is built in a staging folder and renamed into place only when
 every check passed, so a failed export never leaves something that looks like an artifact.
 
 GPT-2-style models (what training builds) are written straight from their weights as a compact graph whose attention
@@ -39,6 +40,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from torch import nn
 
+from models.calibration import IDENTITY, Calibration, calibration_of
 from models.model import ensemble_members, load_causal_lm, takes_values
 from models.outcome import pack_sequences, risks_from_logits
 from models.registry import DEFAULT_MODEL_NAME, VERSION_PATTERN, sign_artifact
@@ -419,11 +421,14 @@ def check_parity(
     decision_values: Sequence[np.ndarray] | None = None,
     tolerance: float = 1e-4,
     min_agreement: float = 0.99,
+    calibration: Calibration = IDENTITY,
 ) -> ParityReport:
     """fp32 ONNX within ``tolerance`` of torch; int8 the same alert decision as fp32 on ``min_agreement`` of windows.
 
-    ``decision_sequences`` should be validation windows: random tokens make a weak witness for decisions (their
-    risks sit far from any threshold), so they are used only when nothing better is given, and the report says so.
+    ``threshold`` is on ``calibration``'s scale (the identity for an uncalibrated checkpoint), as ``precursor.json``
+    keeps it. ``decision_sequences`` should be validation windows: random tokens make a weak witness for decisions
+    (their risks sit far from any threshold), so they are used only when nothing better is given, and the report
+    says so.
     """
     probe = random_sequences(vocab_size, max_len, count=24)
     probe_values = random_values(probe) if takes_values(model) else None
@@ -439,10 +444,11 @@ def check_parity(
     if takes_values(model) and values is None:
         raise ValueError("the model has a value channel: decision_sequences need decision_values beside them")
     int8 = _session(int8_path)
-    risk_fp32 = np.array(
+    # On the calibrated scale, where the threshold lives: the edge compares calibrated risks with it.
+    risk_fp32 = calibration.probabilities(
         [r[ANY_FAILURE] for r in risks_from_logits(_run_batched(fp32, windows, max_len, values=values), outcome_tokens)]
     )
-    risk_int8 = np.array(
+    risk_int8 = calibration.probabilities(
         [r[ANY_FAILURE] for r in risks_from_logits(_run_batched(int8, windows, max_len, values=values), outcome_tokens)]
     )
     agreement = float(np.mean((risk_fp32 >= threshold) == (risk_int8 >= threshold)))
@@ -552,6 +558,7 @@ def export_artifact(
                 decision_values=decision_values,
                 tolerance=tolerance,
                 min_agreement=min_agreement,
+                calibration=calibration_of(config),
             )
             if include_fp32:
                 shutil.copy2(fp32_path, staging / FP32_MODEL_FILE)

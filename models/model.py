@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
+from models.calibration import IDENTITY, Calibration, calibration_of
 from models.outcome import pack_sequences, risks_from_logits
 from models.scoring import Risk, Window
 from models.tokenizer import TelemetryTokenizer
@@ -360,11 +361,14 @@ class TorchScorer:
     horizon_h: float
     name: str = "precursor-lm"
     version: str = "dev"
+    calibration: Calibration = IDENTITY
+    """The checkpoint's calibration map (models.calibration), applied as the edge runtime applies it."""
 
     @classmethod
     def load(cls, directory: str | Path) -> TorchScorer:
         model, tokenizer, meta = load_checkpoint(directory)
-        return cls(model, tokenizer, meta.horizon_h, meta.model_name, meta.tokenizer_hash[:12])
+        calibration = calibration_of(meta.model_dump())
+        return cls(model, tokenizer, meta.horizon_h, meta.model_name, meta.tokenizer_hash[:12], calibration)
 
     def score(self, window: Window) -> Risk:
         return self.score_many([window])[0]
@@ -377,4 +381,4 @@ class TorchScorer:
             logits = last_logits(self.model, encoded.ids, self.tokenizer.pad_id, values=encoded.values)
         else:
             logits = last_logits(self.model, self.tokenizer.encode_many(windows), self.tokenizer.pad_id)
-        return risks_from_logits(logits, self.tokenizer.outcome_tokens)
+        return self.calibration.apply_many(risks_from_logits(logits, self.tokenizer.outcome_tokens))

@@ -3,6 +3,7 @@
 Nothing here imports torch or transformers, directly or through another module: the edge install has neither.
 :meth:`LMScorer.load` verifies the artifact (signature, every file's hash, nothing added or missing) before it reads
 anything from it, and hands ONNX Runtime the very model bytes it hashed, so a file swapped after the check is caught.
+Risks come out through the artifact's signed calibration map (the identity for an artifact made without one).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnxruntime as ort
 
+from models.calibration import Calibration, calibration_of
 from models.outcome import pack_sequences, risks_from_logits
 from models.registry import ArtifactError, ArtifactManifest, read_verified_file, verify_artifact
 from models.scoring import Risk, Window
@@ -62,7 +64,11 @@ class LMScorer:
         self.name: str = manifest.model_name
         self.version: str = manifest.version
         self.horizon_h: float = float(config["horizon_h"])
-        self.threshold: float = float(config["threshold"])
+        self.threshold: float = float(config["threshold"])  # on the calibrated scale, as the risks are
+        try:
+            self.calibration: Calibration = calibration_of(config)
+        except ValueError as e:
+            raise ArtifactError(str(e)) from e
         self.sha256: str = manifest.files[str(onnx["model_file"])].sha256
         self.context_length: int = int(onnx["context_length"])
         self.outcome_tokens: dict[str, int] = {str(k): int(v) for k, v in onnx["outcome_tokens"].items()}
@@ -161,7 +167,8 @@ class LMScorer:
             if self._values is not None:
                 feeds[self._values] = packed.values
             logits = self._session.run([self._output], feeds)[0]
-            for row, risk in zip(rows, risks_from_logits(logits, self.outcome_tokens), strict=True):
+            calibrated = self.calibration.apply_many(risks_from_logits(logits, self.outcome_tokens))
+            for row, risk in zip(rows, calibrated, strict=True):
                 risks[row] = risk
         return [r for r in risks if r is not None]
 

@@ -13,8 +13,9 @@ The recipe (nanoGPT's habits, as importable functions rather than a script):
    context (each block's sensor tokens predicted from the ones before). Failures are rare: both extra targets give
    every window, failed or not, more to learn from. Scoring reads only the outcome distribution.
 4. Every ``eval_every`` steps, score the validation windows; keep the step with the best validation PR-AUC.
-5. Choose the alert threshold on validation (best F1), write the checkpoint folder, and, given a signing key, export
-   the signed int8 ONNX artifact (:mod:`models.export`).
+5. Choose the alert threshold on validation (best F1), fit the calibration map on validation's risks
+   (:mod:`models.calibration`) and express the threshold on its scale, write the checkpoint folder, and, given a
+   signing key, export the signed int8 ONNX artifact (:mod:`models.export`).
 
 Torch uses ``threads`` CPU threads: 1 by default, at most 2. On a shared machine one thread is faster than two
 (two threads spin-wait on each other whenever the other is descheduled).
@@ -40,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch.optim.swa_utils import AveragedModel
 from transformers import PreTrainedModel
 
+from models.calibration import brier_score, expected_calibration_error, fit_platt
 from models.dataset import (
     DatasetError,
     Fleet,
@@ -606,13 +608,22 @@ def train_on_windows(
         # The step and history shown are the first member's; every member's are under training.member_fits.
         seconds = sum(fit.seconds for fit in fits)
         result = FitResult(ensemble, fits[0].step, chosen, fits[0].history, seconds, settings.seed)  # type: ignore[arg-type]
-    threshold = best_f1_threshold(validation_encoded.failed, scores)
-    precision, recall, f1 = precision_recall_f1(validation_encoded.failed, scores, threshold)
+    raw_threshold = best_f1_threshold(validation_encoded.failed, scores)
+    precision, recall, f1 = precision_recall_f1(validation_encoded.failed, scores, raw_threshold)
+    calibration = fit_platt(validation_encoded.failed, scores)
+    # The map is strictly increasing, so the threshold on its scale alerts on exactly the windows the raw one did.
+    threshold = calibration.probability(raw_threshold)
+    calibrated = calibration.probabilities(scores)
     validation = {
         **result.validation,
         "precision": precision,
         "recall": recall,
         "f1": f1,
+        "raw_threshold": raw_threshold,
+        "ece_raw": expected_calibration_error(validation_encoded.failed, scores),
+        "ece_calibrated": expected_calibration_error(validation_encoded.failed, calibrated),
+        "brier_raw": brier_score(validation_encoded.failed, scores),
+        "brier_calibrated": brier_score(validation_encoded.failed, calibrated),
         "windows": len(validation_windows),
         "failed_windows": int(validation_encoded.failed.sum()),
         "failures": failures_in(validation_windows),
@@ -648,6 +659,7 @@ def train_on_windows(
         },
         context_length=min(settings.max_length, context_length(result.model)),
         outcome_tokens=tokenizer.outcome_tokens,
+        calibration=calibration.model_dump(mode="json"),
         metrics={"validation": validation},
     )
     if signing_key is None:
