@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,7 +58,15 @@ def edge_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Bytecode compilation is skipped (`--no-compile`): it is most of pip's time and the interpreter compiles on import.
     """
     root = tmp_path_factory.mktemp("edge-install")
-    built = pip("wheel", "-q", "--no-deps", "--no-build-isolation", "-w", root / "dist", REPO_ROOT)
+    # Built from a copy of the sources: setuptools' build folder in the checkout would keep modules deleted since.
+    source = root / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO_ROOT / name, source / name)
+    packages = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    for package in (name.rstrip("*") for name in packages["include"]):
+        shutil.copytree(REPO_ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
+    built = pip("wheel", "-q", "--no-deps", "--no-build-isolation", "-w", root / "dist", source)
     assert built.returncode == 0, built.stderr[-3000:]
     wheel = next((root / "dist").glob("precursor-*.whl"))
     venv = root / "venv"
@@ -117,6 +127,10 @@ def test_an_operator_installs_the_edge_alone_runs_it_on_mqtt_and_takes_a_signed_
     edge_bin = edge_venv / "bin"
     no_torch = subprocess.run([edge_bin / "python", "-c", "import torch"], capture_output=True, text=True, cwd=tmp_path)
     assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr
+    installed = {p.name.lower() for p in next((edge_venv / "lib").glob("python*/site-packages")).iterdir()}
+    cloud_only = {"torch", "transformers", "onnx", "sklearn", "apache_beam", "prefect", "duckdb", "fastapi"}
+    assert installed & cloud_only == set()
+    assert {"onnxruntime", "tokenizers", "paho", "cryptography"} <= installed
 
     # The cloud side: the release keys, and the signed model the operator is handed.
     keys = subprocess.run(
