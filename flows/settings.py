@@ -23,13 +23,14 @@ promotion_margin
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, BeforeValidator, Field, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from contracts.durations import Duration
 from contracts.messages import Identifier
@@ -40,6 +41,16 @@ from models.train import TrainSettings
 PromotionMetric = Literal["pr_auc", "recall", "f1", "precision", "named_recall"]
 """Metrics where higher is better; the candidate must beat the champion on one of them by the margin.
 ``named_recall`` counts a failure as caught only when the alert names its kind (see :mod:`flows.promotion`)."""
+
+
+def _listed(value: Any) -> Any:
+    """A list as a variable gives it: JSON (``["a", "b"]``), else items between commas (one path, ``edge-1,edge-2``)."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        return json.loads(text)  # a JSONDecodeError is a ValueError: reported under the field's name
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def in_state(*parts: str) -> Callable[[], Path]:
@@ -97,7 +108,7 @@ class RetrainSettings(BaseSettings):
         default_factory=in_state("keys", "precursor.key"),
         description="ed25519 private key file (mode 0600; never logged)",
     )
-    trusted_keys: list[Path] = Field(
+    trusted_keys: Annotated[list[Path], NoDecode, BeforeValidator(_listed)] = Field(
         default_factory=lambda: [in_state("keys")()], description="public key files, or folders of *.pub files"
     )
 
@@ -118,7 +129,9 @@ class RetrainSettings(BaseSettings):
 
     publish: bool = Field(True, description="announce a promoted model on Kafka; off: only the registry changes")
     release_target: Identifier = Field("fleet", description="the ModelRelease key: the whole fleet or one site")
-    canary_edges: list[Identifier] = Field(default_factory=list, description="edges that get a new model first")
+    canary_edges: Annotated[list[Identifier], NoDecode, BeforeValidator(_listed)] = Field(
+        default_factory=list, description="edges that get a new model first"
+    )
     canary_deadline_s: Annotated[float, Field(gt=0)] = Field(
         600.0, description="how long the canaries have to report the new version healthy before it is rolled back"
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from flows.settings import DriftCheckSettings, RetrainSettings
@@ -33,4 +35,25 @@ def test_one_kafka_variable_keeps_the_kafka_settings_from_the_environment(monkey
 def test_a_nested_value_that_is_wrong_is_still_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PRECURSOR_RETRAIN_TRAINING__MAX_MINUTES", "-1")
     with pytest.raises(ValueError, match=r"training\.max_minutes"):
+        RetrainSettings()
+
+
+def test_lists_are_read_as_people_write_them_in_a_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README names TRUSTED_KEYS and CANARY_EDGES: one path, or a comma-separated list, not only JSON."""
+    monkeypatch.setenv("PRECURSOR_RETRAIN_TRUSTED_KEYS", "/etc/precursor/keys")
+    monkeypatch.setenv("PRECURSOR_RETRAIN_CANARY_EDGES", "edge-1, edge-2")
+    settings = RetrainSettings()
+    assert settings.trusted_keys == [Path("/etc/precursor/keys")]
+    assert settings.canary_edges == ["edge-1", "edge-2"]
+    monkeypatch.setenv("PRECURSOR_RETRAIN_TRUSTED_KEYS", '["/a.pub", "/b.pub"]')
+    monkeypatch.setenv("PRECURSOR_RETRAIN_CANARY_EDGES", "")
+    settings = RetrainSettings()
+    assert (settings.trusted_keys, settings.canary_edges) == ([Path("/a.pub"), Path("/b.pub")], [])
+    monkeypatch.setenv("PRECURSOR_DRIFT_RETRAIN__CANARY_EDGES", "edge-3")
+    assert DriftCheckSettings().retrain.canary_edges == ["edge-3"]
+
+
+def test_a_list_that_is_wrong_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRECURSOR_RETRAIN_CANARY_EDGES", "edge 1")
+    with pytest.raises(ValueError, match=r"canary_edges\.0"):
         RetrainSettings()
