@@ -156,7 +156,7 @@ def test_an_ml_engineer_labels_retrains_from_the_environment_promotes_and_the_ed
             "PRECURSOR_RETRAIN_MACHINES": str(fleet / "machines.csv"),
             "PRECURSOR_RETRAIN_REGISTRY": str(tmp_path / "registry"),
             "PRECURSOR_RETRAIN_SIGNING_KEY": str(tmp_path / "keys" / "precursor.key"),
-            "PRECURSOR_RETRAIN_TRUSTED_KEYS": f'["{tmp_path / "keys"}"]',
+            "PRECURSOR_RETRAIN_TRUSTED_KEYS": str(tmp_path / "keys"),
             "PRECURSOR_RETRAIN_HORIZON_H": str(HORIZON_H),
             "PRECURSOR_RETRAIN_HOLDOUT_H": str(6 * 24),
             "PRECURSOR_RETRAIN_PROMOTION_MARGIN": "0.0",
