@@ -95,7 +95,9 @@ def test_the_map_keeps_every_alert_decision_at_the_mapped_threshold(
     raw = np.array(risks)
     mapped = calibration.probabilities(raw)
     assert np.all((mapped >= 0) & (mapped <= 1))
-    assert np.array_equal(raw >= threshold, mapped >= calibration.probability(threshold))
+    # Away from float rounding of the threshold (training puts it halfway between two distinct validation risks).
+    clear = np.abs(raw - threshold) > 1e-9
+    assert np.array_equal((raw >= threshold)[clear], (mapped >= calibration.probability(threshold))[clear])
     order = np.argsort(raw, kind="stable")
     assert np.all(np.diff(mapped[order]) >= 0)
 
