@@ -126,8 +126,17 @@ class _BootstrapFailures(logging.Handler):
         self.reasons: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.msg.startswith("Bootstrap connection to") and isinstance(record.args, tuple) and record.args[1:]:
+        if str(record.msg).startswith("Bootstrap connection to") and isinstance(record.args, tuple) and record.args[1:]:
             self.reasons.append(str(record.args[1]))
+            return
+        # Which of kafka-python's loggers says it depends on the phase and the timing (transport, connection or
+        # manager), so any of them naming a refusal counts.
+        text = record.getMessage()
+        if any(marker in text for marker in _REFUSALS):
+            self.reasons.append(text)
+
+
+_REFUSALS = ("SaslAuthenticationFailed", "invalid credentials", "CERTIFICATE_VERIFY_FAILED")
 
 
 def _tls_handshake(settings: KafkaSettings, timeout_s: float) -> str | None:
@@ -174,7 +183,7 @@ def check_access(settings: KafkaSettings, timeout_s: float = 5.0) -> None:
     if not _any_port_open(settings.servers, time.monotonic() + timeout_s):
         raise KafkaAccessError(f"nothing accepts connections at {settings.bootstrap_servers}")
     failures = _BootstrapFailures()
-    kafka_log = logging.getLogger("kafka.net.manager")
+    kafka_log = logging.getLogger("kafka")
     kafka_log.addHandler(failures)
     try:
         with admin_client(settings, timeout_s) as admin:

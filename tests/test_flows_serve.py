@@ -89,6 +89,13 @@ def serving(flows_history: History, tmp_path: Path, prefect_server: LocalPrefect
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
         log.close()
+        # The server keeps a served deployment's schedule after serve stops: without this, it goes on making a run
+        # every 15 s for the rest of the session, under every later test that lists retrain runs.
+        with get_client(sync_client=True) as client:
+            for deployment in client.read_deployments(
+                deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[RETRAIN_DEPLOYMENT]))
+            ):
+                client.delete_deployment(deployment.id)
 
 
 def scheduled_runs() -> list[FlowRun]:

@@ -56,13 +56,22 @@ def wait_for_line(log: Path, text: str, edge: subprocess.Popen[str], timeout_s: 
 
 
 def flow_runs_of(flow_name: str) -> list[tuple[str, str]]:
-    """(state, flow run id) of every run of ``flow_name`` the Prefect server knows."""
+    """(state, flow run id) of every run of ``flow_name`` that was started by hand (no deployment's schedule made it:
+    a served deployment of the session keeps scheduling runs, and their pages would crowd these out)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterDeploymentId,
+    )
 
     async def read() -> list[tuple[str, str]]:
         async with get_client() as client:
-            runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])))
+            runs = await client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
+                flow_run_filter=FlowRunFilter(deployment_id=FlowRunFilterDeploymentId(is_null_=True)),
+            )
             return [(r.state_type.value if r.state_type else "", str(r.id)) for r in runs]
 
     return asyncio.run(read())
