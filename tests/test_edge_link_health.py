@@ -109,4 +109,3 @@ def test_a_reachable_idle_broker_stays_reachable(tmp_path: Path) -> None:
         sender.stop()
         sender.join(10)
         broker.close()
-
