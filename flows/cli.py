@@ -13,12 +13,14 @@ flow against a temporary in-process server.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from flows.server import OFFLINE_ENVIRONMENT, LocalPrefectServer, PrefectServerError, PrefectServerStatus
 
@@ -45,6 +47,20 @@ def _validation_problems(err: ValidationError) -> str:
     return "; ".join(
         f"{'.'.join(map(str, e['loc'])) or 'settings'}={e.get('input')!r:.60}: {e['msg']}" for e in err.errors()
     )
+
+
+S = TypeVar("S")
+
+
+def _settings_from_environment(factory: Callable[[], S]) -> S:
+    """Settings read from ``PRECURSOR_*`` variables, or exit 2 naming what is wrong (a bad value, or a variable whose
+    JSON does not parse) instead of a traceback."""
+    try:
+        return factory()
+    except ValidationError as err:
+        raise _fail(_validation_problems(err), 2) from None
+    except SettingsError as err:
+        raise _fail(f"{err}: is the variable's JSON well formed?", 2) from None
 
 
 def _server(state_dir: Path | None, port: int | None, **more: Any) -> LocalPrefectServer:
@@ -210,10 +226,7 @@ def run_retrain(state_dir: StateDirOption = None, port: PortOption = None) -> No
     from flows.retrain import retrain
     from flows.settings import RetrainSettings
 
-    try:
-        settings = RetrainSettings()
-    except ValidationError as err:
-        raise _fail(_validation_problems(err), 2) from None
+    settings = _settings_from_environment(RetrainSettings)
     with _api_settings(api_url):
         try:
             result = retrain(settings)
@@ -235,10 +248,7 @@ def run_drift_check(state_dir: StateDirOption = None, port: PortOption = None) -
     from flows.drift_check import drift_check
     from flows.settings import DriftCheckSettings
 
-    try:
-        settings = DriftCheckSettings()
-    except ValidationError as err:
-        raise _fail(_validation_problems(err), 2) from None
+    settings = _settings_from_environment(DriftCheckSettings)
     with _api_settings(api_url):
         try:
             result = drift_check(settings)

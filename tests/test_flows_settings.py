@@ -57,3 +57,19 @@ def test_a_list_that_is_wrong_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PRECURSOR_RETRAIN_CANARY_EDGES", "edge 1")
     with pytest.raises(ValueError, match=r"canary_edges\.0"):
         RetrainSettings()
+
+
+@pytest.mark.parametrize(("command", "variable"), [("retrain", "PRECURSOR_RETRAIN_TRAINING"),
+                                                   ("drift-check", "PRECURSOR_DRIFT_RETRAIN")])  # fmt: skip
+def test_a_variable_whose_json_does_not_parse_is_named_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, command: str, variable: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from flows.cli import flows_app
+
+    monkeypatch.setenv(variable, "{max_steps: 3")
+    monkeypatch.setenv("PRECURSOR_STATE_DIR", str(tmp_path))
+    result = CliRunner().invoke(flows_app, ["run", command])
+    assert result.exit_code == 2, result.output
+    assert "well formed" in result.output and "Traceback" not in result.output
