@@ -66,6 +66,17 @@ class ExportParityError(RuntimeError):
     """The exported model does not behave like the checkpoint it came from."""
 
 
+INT8_QUANTIZATION = "int8 dynamic (MatMul/Gemm/Attention weights; embeddings and output head fp32)"
+
+
+class Int8DecisionError(ExportParityError):
+    """int8 makes another alert decision than fp32 on too many windows; ``report`` has the figures."""
+
+    def __init__(self, message: str, report: ParityReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
 @dataclass(frozen=True)
 class ParityReport:
     """How closely the exported graphs follow torch; goes into ``metrics.json`` under ``export``."""
@@ -464,11 +475,12 @@ def check_parity(
         near_threshold=int(np.sum(np.abs(risk_fp32 - threshold) <= max_risk_diff)),
     )
     if agreement < min_agreement:
-        raise ExportParityError(
+        raise Int8DecisionError(
             f"int8 agrees with fp32 on the alert decision for {agreement:.1%} of {len(windows)} {source}, "
             f"below {min_agreement:.0%}; {report.near_threshold} windows have an fp32 risk within int8's largest "
             f"error ({max_risk_diff:.2g}) of threshold={threshold:.6g} (a threshold inside a dense cluster of "
-            f"risks flips them all; choose it between two distinct validation risks): {report}"
+            f"risks flips them all; choose it between two distinct validation risks): {report}",
+            report,
         )
     return report
 
@@ -508,12 +520,18 @@ def export_artifact(
     include_fp32: bool = False,
     tolerance: float = 1e-4,
     min_agreement: float = 0.99,
+    int8_fallback: bool = True,
 ) -> Path:
     """Build the signed artifact folder ``out_dir`` from a checkpoint; return its path.
 
     ``calibration_windows`` (validation windows, or their token ids) are where int8 must make the same alert decision
     as fp32; token ids for a model with a value channel need ``calibration_values`` beside them. ``signing_key`` is a
     private key or the path of one. ``out_dir`` must not exist yet (or be empty).
+
+    Where int8 makes another decision than fp32 on more than ``1 - min_agreement`` of the windows, the artifact
+    carries the fp32 graph instead (``int8_fallback``; ``precursor.json`` and ``metrics.json`` say so): a model that
+    trained well is not lost to a threshold that sits in a dense cluster of risks. An fp32 graph that differs from
+    torch is always refused.
     """
     checkpoint_dir = Path(checkpoint_dir)
     out_dir = Path(out_dir)
@@ -546,20 +564,33 @@ def export_artifact(
             fp32_path = Path(scratch) / FP32_MODEL_FILE
             export_onnx(model, fp32_path)
             quantize_int8(fp32_path, staging / MODEL_FILE)
-            report = check_parity(
-                model,
-                fp32_path,
-                staging / MODEL_FILE,
-                vocab_size=vocab_size,
-                max_len=max_len,
-                outcome_tokens=outcome_tokens,
-                threshold=float(config["threshold"]),
-                decision_sequences=decision_sequences,
-                decision_values=decision_values,
-                tolerance=tolerance,
-                min_agreement=min_agreement,
-                calibration=calibration_of(config),
-            )
+            quantization = INT8_QUANTIZATION
+            try:
+                report = check_parity(
+                    model,
+                    fp32_path,
+                    staging / MODEL_FILE,
+                    vocab_size=vocab_size,
+                    max_len=max_len,
+                    outcome_tokens=outcome_tokens,
+                    threshold=float(config["threshold"]),
+                    decision_sequences=decision_sequences,
+                    decision_values=decision_values,
+                    tolerance=tolerance,
+                    min_agreement=min_agreement,
+                    calibration=calibration_of(config),
+                )
+            except Int8DecisionError as err:
+                if not int8_fallback:
+                    raise
+                report = err.report
+                quantization = (
+                    f"none: fp32, since int8 agreed with it on the alert decision for "
+                    f"{report.int8_decision_agreement:.1%} of {report.int8_windows} {report.int8_windows_source} "
+                    f"(below {min_agreement:.0%})"
+                )
+                log.warning("export of %s keeps the fp32 graph: %s", checkpoint_dir, err)
+                shutil.copy2(fp32_path, staging / MODEL_FILE)
             if include_fp32:
                 shutil.copy2(fp32_path, staging / FP32_MODEL_FILE)
         _copy_checkpoint_files(checkpoint_dir, staging)
@@ -568,7 +599,7 @@ def export_artifact(
             "inputs": [*INPUT_NAMES, VALUES_INPUT] if valued else list(INPUT_NAMES),
             "output": OUTPUT_NAME,
             "opset": OPSET,
-            "quantization": "int8 dynamic (MatMul/Gemm/Attention weights; embeddings and output head fp32)",
+            "quantization": quantization,
             "context_length": max_len,
             "vocab_size": vocab_size,
             "outcome_tokens": outcome_tokens,

@@ -296,3 +296,46 @@ def test_export_refuses_a_non_empty_destination(checkpoint: Path, keys: Path, tm
     with pytest.raises(FileExistsError, match="not an empty directory"):
         export_artifact(checkpoint, tmp_path, "0.2.0", keys / "precursor.key")
     assert (tmp_path / "keep.txt").read_text() == "x"
+
+
+def test_an_export_whose_int8_changes_decisions_keeps_fp32_says_so_and_finishes(
+    checkpoint: Path, keys: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    from models.export import _run_batched, _session
+
+    # A threshold between the fp32 and int8 risk of the window int8 moves most: int8 flips at least that decision.
+    model = load_checkpoint_model(checkpoint)
+    export_onnx(model, tmp_path / "fp32.onnx")
+    quantize_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx")
+    ids = validation_ids(checkpoint)
+    outcome = TelemetryTokenizer.load(checkpoint).outcome_tokens
+    risk = {
+        name: np.array([r[ANY_FAILURE] for r in risks_from_logits(_run_batched(_session(tmp_path / f"{name}.onnx"),
+                                                                               ids, CONTEXT), outcome)])
+        for name in ("fp32", "int8")
+    }  # fmt: skip
+    moved = int(np.argmax(np.abs(risk["fp32"] - risk["int8"])))
+    tight = tmp_path / "tight-checkpoint"
+    shutil.copytree(checkpoint, tight)
+    config = json.loads((tight / "precursor.json").read_text())
+    config["threshold"] = float((risk["fp32"][moved] + risk["int8"][moved]) / 2)
+    config.pop("calibration", None)
+    (tight / "precursor.json").write_text(json.dumps(config))
+
+    with pytest.raises(ExportParityError, match="alert decision"):
+        export_artifact(tight, tmp_path / "strict", "0.1.2", keys / "precursor.key", calibration_windows=ids,
+                        min_agreement=1.0, int8_fallback=False)  # fmt: skip
+    artifact = export_artifact(
+        tight, tmp_path / "kept", "0.1.2", keys / "precursor.key", calibration_windows=ids, min_agreement=1.0
+    )
+
+    quantization = json.loads((artifact / "precursor.json").read_text())["onnx"]["quantization"]
+    assert quantization.startswith("none: fp32") and "below 100%" in quantization
+    graph = onnx.load(str(artifact / MODEL_FILE)).graph
+    assert not [t for t in graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    verify_artifact(artifact, load_public_keys(keys))
+    scorer = LMScorer.load(artifact, load_public_keys(keys))
+    window, _ = make_window(3)
+    assert 0.0 <= scorer.score(window)[ANY_FAILURE] <= 1.0
