@@ -13,9 +13,10 @@ never saw (a split by machine) get one scaling per sensor, the machines of a tim
     .venv/bin/python bench/quality_suite.py --quick          # daily work: one seed, three datasets, ~15 min on 2 cores
     .venv/bin/python bench/quality_suite.py                  # the whole suite: 3 seeds, 8 datasets, ~2 h on 2 cores
 
-Prints one markdown table (per dataset and scorer: PR-AUC mean and min-max over seeds, F1, median lead time, false
-alarms per machine-week, training minutes) and writes it to ``OUT/quality.md``, with every per-seed figure in
-``OUT/quality.json``. The metrics are :mod:`models.evaluate`'s, each scorer at its validation-chosen threshold. An LM's
+Prints one markdown table (per dataset and scorer: PR-AUC, Brier and ECE mean and min-max over seeds, F1, median
+lead time, false alarms per machine-week, training minutes) and writes it to ``OUT/quality.md``, with every per-seed
+figure in ``OUT/quality.json``. The metrics are :mod:`models.evaluate`'s, each scorer at its validation-chosen
+threshold; Brier and ECE are of the risk each scorer outputs (the LM's through its signed calibration map). An LM's
 training minutes are the whole of it (tokenizing, training, choosing the threshold, export and signing); a baseline's
 are its fit. A dataset or seed that fails is recorded with its error, and the rest still run.
 """
@@ -356,16 +357,17 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
             per_seed = [r["scorers"][scorer] for r in runs if scorer in r["scorers"]]
             if not per_seed:
                 continue
-            pr_aucs = [m["pr_auc"] for m in per_seed]
-            known = [v for v in pr_aucs if v is not None]
+            row: dict[str, Any] = {"dataset": name, "scorer": scorer, "seeds": len(per_seed)}
+            for metric in ("pr_auc", "brier", "ece"):
+                # .get: a quality.json written before calibration was measured has no brier or ece
+                values = [m.get(metric) for m in per_seed]
+                known = [v for v in values if v is not None]
+                row[f"{metric}_mean"] = _mean(values)
+                row[f"{metric}_min"] = min(known) if known else None
+                row[f"{metric}_max"] = max(known) if known else None
             rows.append(
                 {
-                    "dataset": name,
-                    "scorer": scorer,
-                    "seeds": len(per_seed),
-                    "pr_auc_mean": _mean(pr_aucs),
-                    "pr_auc_min": min(known) if known else None,
-                    "pr_auc_max": max(known) if known else None,
+                    **row,
                     "f1_mean": _mean([m["f1"] for m in per_seed]),
                     "median_lead_time_h_mean": _mean([m["median_lead_time_h"] for m in per_seed]),
                     "false_alarms_per_machine_week_mean": _mean([m["false_alarms_per_machine_week"] for m in per_seed]),
@@ -383,6 +385,10 @@ COLUMNS = (
     "F1",
     "median lead h",
     "false alarms / machine-week",
+    "Brier mean",
+    "Brier min-max",
+    "ECE mean",
+    "ECE min-max",
     "train min",
     "seeds",
 )
@@ -392,21 +398,29 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _spread(row: dict[str, Any], metric: str, digits: int = 3) -> str:
+    low, high = row.get(f"{metric}_min"), row.get(f"{metric}_max")
+    return "-" if low is None or high is None else f"{low:.{digits}f}-{high:.{digits}f}"
+
+
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in rows:
         if "error" in r:
             cells = [r["dataset"], "error", r["error"].replace("|", "/")[:200], *["-"] * (len(COLUMNS) - 3)]
         else:
-            spread = "-" if r["pr_auc_min"] is None else f"{r['pr_auc_min']:.3f}-{r['pr_auc_max']:.3f}"
             cells = [
                 r["dataset"],
                 r["scorer"],
                 _fmt(r["pr_auc_mean"]),
-                spread,
+                _spread(r, "pr_auc"),
                 _fmt(r["f1_mean"]),
                 _fmt(r["median_lead_time_h_mean"], 1),
                 _fmt(r["false_alarms_per_machine_week_mean"]),
+                _fmt(r.get("brier_mean"), 4),
+                _spread(r, "brier", 4),
+                _fmt(r.get("ece_mean"), 4),
+                _spread(r, "ece", 4),
                 _fmt(r["train_minutes_mean"], 2),
                 str(r["seeds"]),
             ]

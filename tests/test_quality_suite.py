@@ -52,6 +52,10 @@ def test_the_table_has_every_column_and_a_row_per_scorer(smoke: tuple[Path, str]
         "F1",
         "median lead h",
         "false alarms / machine-week",
+        "Brier mean",
+        "Brier min-max",
+        "ECE mean",
+        "ECE min-max",
         "train min",
         "seeds",
     ]
@@ -63,7 +67,10 @@ def test_the_table_has_every_column_and_a_row_per_scorer(smoke: tuple[Path, str]
         low, high = (float(v) for v in row[3].split("-"))
         assert low <= float(row[2]) <= high
         assert 0.0 <= float(row[4]) <= 1.0
-        assert row[8] == "1"
+        for mean, spread in ((7, 8), (9, 10)):  # Brier, ECE: probabilities' errors, in [0, 1]
+            low, high = (float(v) for v in row[spread].split("-"))
+            assert 0.0 <= low <= float(row[mean]) <= high <= 1.0
+        assert row[12] == "1"
     assert lines[0] in stdout  # printed as well as written
 
 
@@ -80,11 +87,21 @@ def test_the_json_holds_every_per_seed_figure(smoke: tuple[Path, str]) -> None:
     assert run["seed"] == 0
     assert set(run["scorers"]) == {"lm", "gradient-boosting", "zscore"}
     for name, m in run["scorers"].items():
-        for key in ("pr_auc", "f1", "precision", "recall", "median_lead_time_h", "false_alarms_per_machine_week"):
+        for key in (
+            "pr_auc",
+            "f1",
+            "precision",
+            "recall",
+            "median_lead_time_h",
+            "false_alarms_per_machine_week",
+            "brier",
+            "ece",
+        ):
             assert key in m, (name, key)
         assert 0.0 <= m["pr_auc"] <= 1.0
         assert 0.0 <= m["precision"] <= 1.0 and 0.0 <= m["recall"] <= 1.0
         assert m["false_alarms_per_machine_week"] >= 0.0
+        assert 0.0 <= m["brier"] <= 1.0 and 0.0 <= m["ece"] <= 1.0
         assert m["median_lead_time_h"] is None or 0.0 <= m["median_lead_time_h"] <= 12.0
         assert m["train_minutes"] >= 0.0 and math.isfinite(m["train_minutes"])
         assert m["windows"] == sum(entry["windows"]["test"].values())
@@ -94,7 +111,12 @@ def test_the_json_holds_every_per_seed_figure(smoke: tuple[Path, str]) -> None:
     artifact = Path(lm["artifact"])
     assert (artifact / "manifest.json").is_file() and any(artifact.glob("*.onnx"))
     summary = {(r["dataset"], r["scorer"]): r for r in results["summary"]}
-    assert summary["sim_smoke", "lm"]["pr_auc_mean"] == pytest.approx(lm["pr_auc"])
+    for scorer, m in run["scorers"].items():
+        row = summary["sim_smoke", scorer]
+        assert row["pr_auc_mean"] == pytest.approx(m["pr_auc"])
+        # one seed: the mean, the min and the max are that seed's figure
+        for metric in ("brier", "ece"):
+            assert row[f"{metric}_mean"] == row[f"{metric}_min"] == row[f"{metric}_max"] == pytest.approx(m[metric])
 
 
 def test_an_unknown_dataset_is_named_before_anything_runs(tmp_path: Path) -> None:
