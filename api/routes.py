@@ -41,6 +41,7 @@ from api.settings import ApiSettings
 from contracts.alerting import AlertRule
 from contracts.durations import parse_duration
 from contracts.settings import KafkaSettings
+from models.calibration_report import VersionCalibration, registry_calibrations
 from pipelines.settings import PipelineSettings
 from store.db import StoreBusy
 from store.queries import ANY_FAILURE, SqlRejected, StoreAttacher, StoreReader, check_range, parse_time_bound, reading
@@ -431,6 +432,25 @@ def model_quality(
             since=window.since,
             until=window.until,
         )
+
+
+@router.get(
+    "/models/calibration",
+    response_model=list[VersionCalibration],
+    responses={404: {"description": "no model registry is configured (PRECURSOR_API_MODEL_REGISTRY)"}},
+)
+def model_calibration(request: Request) -> Any:
+    """Per registered model version: its calibration map (method, parameters, why it is what it is) and the
+    validation period's ECE and Brier score before and after it, read from the version's ``precursor.json``."""
+    registry = _settings(request).model_registry
+    if registry is None:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, "no model registry is configured: set PRECURSOR_API_MODEL_REGISTRY"
+        )
+    try:
+        return registry_calibrations(registry)
+    except FileNotFoundError as err:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(err)) from None
 
 
 @router.get("/edges", response_model=list[EdgeCounts])

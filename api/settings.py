@@ -51,6 +51,9 @@ class ApiSettings(BaseSettings):
     store_wait_s: Annotated[float, Field(ge=0, le=60)] = 5.0
     live_keepalive_s: Annotated[float, Field(gt=0, le=300)] = 15.0
     live_poll_ms: Annotated[int, Field(ge=10, le=5000)] = 200
+    model_registry: Path | None = Field(
+        None, description="model registry folder whose versions' calibration the models page shows; None: not shown"
+    )
 
     @field_validator("tokens")
     @classmethod
