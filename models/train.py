@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch.optim.swa_utils import AveragedModel
 from transformers import PreTrainedModel
 
-from models.calibration import brier_score, expected_calibration_error, fit_platt
+from models.calibration import brier_score, expected_calibration_error, fit_platt, reliability_bins
 from models.dataset import (
     DatasetError,
     Fleet,
@@ -624,6 +624,10 @@ def train_on_windows(
         "ece_calibrated": expected_calibration_error(validation_encoded.failed, calibrated),
         "brier_raw": brier_score(validation_encoded.failed, scores),
         "brier_calibrated": brier_score(validation_encoded.failed, calibrated),
+        # the bins of the reliability diagram, so whoever reads the signed artifact can draw it without the data
+        "reliability_calibrated": [
+            b.model_dump(mode="json") for b in reliability_bins(validation_encoded.failed, calibrated)
+        ],
         "windows": len(validation_windows),
         "failed_windows": int(validation_encoded.failed.sum()),
         "failures": failures_in(validation_windows),

@@ -19,22 +19,24 @@ from models.calibration import (
     IDENTITY,
     MIN_POSITIVES,
     Calibration,
+    ReliabilityBin,
     brier_score,
     calibration_of,
     expected_calibration_error,
     fit_platt,
     reliability_bins,
 )
-from models.cli import evaluate_command
+from models.calibration_report import registry_calibrations
 from models.dataset import Fleet, TimeSplit, WindowSpec, parse_time, split_windows
 from models.model import TorchScorer, read_meta
 from models.outcome import pack_sequences, risks_from_logits
-from models.registry import ArtifactError, TamperedArtifactError, sign_artifact
+from models.registry import ArtifactError, ModelRegistry, TamperedArtifactError, sign_artifact
 from models.runtime import LMScorer
 from models.scoring import ANY_FAILURE, Window
 from models.signing import generate_keypair, load_private_key, load_public_keys
 from models.tokenizer import TelemetryTokenizer
 from models.train import TrainSettings, train
+from precursor.models_cli import evaluate_command
 from tests.test_lm_training import TINY, write_tiny_fleet
 
 UNTIL = "2026-01-12"
@@ -281,3 +283,23 @@ def test_evaluate_reports_brier_and_ece_and_writes_the_reliability_diagram(
     assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
     assert all(name in svg for name in ["model", *report["baselines"]])
     assert svg.count("<polyline") == 1 + len(report["baselines"])
+
+
+def test_the_artifact_carries_its_validation_reliability_bins_and_the_registry_report_reads_them(
+    trained: dict[str, Path], tmp_path: Path
+) -> None:
+    config = json.loads((trained["artifact"] / "precursor.json").read_text())
+    validation = config["validation"]
+    bins = [ReliabilityBin.model_validate(b) for b in validation["reliability_calibrated"]]
+    assert len(bins) == 10 and sum(b.count for b in bins) == validation["windows"]
+    # the bins are the calibrated risks': their ECE is the one training reports
+    ece = sum(b.count * abs(b.mean_predicted - b.observed_rate) for b in bins if b.count) / validation["windows"]
+    assert ece == pytest.approx(validation["ece_calibrated"], abs=1e-9)
+
+    registry = ModelRegistry(tmp_path / "registry", load_public_keys(trained["public_key"]))
+    registry.publish(trained["artifact"])
+    (report,) = registry_calibrations(tmp_path / "registry")
+    assert report.error is None and report.version == "1.0.0"
+    assert report.calibration == Calibration.model_validate(config["calibration"])
+    assert report.validation is not None and report.validation.reliability == bins
+    assert report.validation.ece_raw == validation["ece_raw"]
