@@ -4,5 +4,5 @@
   registered -> staged rollout (canaries, then the fleet, or back to the champion).
 - :mod:`flows.drift_check`: runs ``retrain`` when the monitored recall falls or the inputs drift.
 - :mod:`flows.serve` and :mod:`flows.server`: both flows on cron schedules against a local Prefect server.
-- :mod:`flows.cli`: ``precursor flows ...``.
+- ``precursor flows ...`` (:mod:`precursor.flows_cli`) runs them from the command line.
 """

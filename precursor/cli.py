@@ -13,15 +13,15 @@ from typing import Annotated
 
 import typer
 
-from flows.cli import flows_app
-from infra.cli import kafka_app
-from models.cli import evaluate_command, train_command
-from models.keys_cli import keys_command
-from pipelines.cli import pipeline_app
 from precursor.common import fail
+from precursor.flows_cli import flows_app
+from precursor.kafka_cli import kafka_app
+from precursor.keys_cli import keys_command
+from precursor.models_cli import evaluate_command, train_command
+from precursor.pipeline_cli import pipeline_app
 from precursor.query_cli import query_app
 from precursor.serve_cli import serve_command
-from simulator.cli import simulate_command
+from precursor.simulate_cli import simulate_command
 
 app = typer.Typer(
     help="Precursor: predict machine failures at the edge, learn from what really happened.",
@@ -73,8 +73,7 @@ def edge_run(
     except ConfigError as err:
         raise fail(str(err)) from None
     except SourceFailure as err:  # status 1, not fail()'s 2: a restart continues from the committed positions
-        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(1) from None
+        raise fail(err, 1) from None
     typer.echo(
         f"edge agent done: {stats.readings} readings, {stats.windows} windows, {stats.predictions} predictions, "
         f"{stats.events} events, {stats.quarantined} quarantined"

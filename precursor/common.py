@@ -20,10 +20,14 @@ FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="tabl
 JsonFlag = Annotated[bool, typer.Option("--json", help="same as --format json")]
 
 
-def fail(message: str) -> typer.Exit:
-    """Print a one-line error (no traceback) and return the exit to raise."""
+def fail(message: object, code: int = 2) -> typer.Exit:
+    """Print a one-line error (no traceback) and return the exit to raise.
+
+    The status is 2 for input the command refuses (a bad option or setting) and 1 for a failure while it ran (a broker
+    that did not start, a model that did not train): scripts tell "fix the call" from "try again".
+    """
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    return typer.Exit(2)
+    return typer.Exit(code)
 
 
 def store_path(store: Path | None) -> Path:

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from flows.server import OFFLINE_ENVIRONMENT, LocalPrefectServer, PrefectServerError, PrefectServerStatus
+from precursor.common import fail
 
 flows_app = typer.Typer(
     help="Prefect flows: retrain on evidence, check for drift, serve both on schedules.", no_args_is_help=True
@@ -36,11 +37,6 @@ StateDirOption = Annotated[
     Path | None, typer.Option("--state-dir", help="folder of the server's database, log and pid [default: .state]")
 ]
 PortOption = Annotated[int | None, typer.Option("--port", help="the local server's port [default: 4200]")]
-
-
-def _fail(message: object, code: int = 1) -> typer.Exit:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    return typer.Exit(code)
 
 
 def _validation_problems(err: ValidationError) -> str:
@@ -58,9 +54,9 @@ def _settings_from_environment(factory: Callable[[], S]) -> S:
     try:
         return factory()
     except ValidationError as err:
-        raise _fail(_validation_problems(err), 2) from None
+        raise fail(_validation_problems(err)) from None
     except SettingsError as err:
-        raise _fail(f"{err}: is the variable's JSON well formed?", 2) from None
+        raise fail(f"{err}: is the variable's JSON well formed?") from None
 
 
 def _server(state_dir: Path | None, port: int | None, **more: Any) -> LocalPrefectServer:
@@ -68,7 +64,7 @@ def _server(state_dir: Path | None, port: int | None, **more: Any) -> LocalPrefe
     try:
         return LocalPrefectServer(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as err:
-        raise _fail(_validation_problems(err), 2) from None
+        raise fail(_validation_problems(err)) from None
 
 
 def _offline_environment(server: LocalPrefectServer) -> None:
@@ -98,7 +94,7 @@ def server_up(
     try:
         server.up(timeout_s=timeout, report=typer.echo)
     except PrefectServerError as err:
-        raise _fail(err) from None
+        raise fail(err, 1) from None
     typer.echo(f"clients: export PREFECT_API_URL={server.api_url}")
 
 
@@ -112,7 +108,7 @@ def server_down(
     try:
         _server(state_dir, port).down(timeout_s=timeout, report=typer.echo)
     except PrefectServerError as err:
-        raise _fail(err) from None
+        raise fail(err, 1) from None
 
 
 def _status_lines(status: PrefectServerStatus) -> list[str]:
@@ -175,12 +171,12 @@ def serve_command(
         if not no_drift_check:
             check_cron(drift_check_cron, "--drift-check-cron")
     except ValueError as err:
-        raise _fail(err, 2) from None
+        raise fail(err) from None
     if api_url is None:
         try:
             server.up(report=typer.echo)
         except PrefectServerError as err:
-            raise _fail(err) from None
+            raise fail(err, 1) from None
         api_url = server.api_url
     os.environ["PREFECT_API_URL"] = api_url  # the flow runs, in their own processes, report here too
 
@@ -231,7 +227,7 @@ def run_retrain(state_dir: StateDirOption = None, port: PortOption = None) -> No
         try:
             result = retrain(settings)
         except (OSError, ValueError) as err:  # missing files, bad data or keys: the message names which
-            raise _fail(err) from None
+            raise fail(err, 1) from None
     typer.echo(f"{result.outcome}: candidate {result.version}")
     typer.echo(f"verdict: {result.comparison.verdict.reason}")
     if result.reason != result.comparison.verdict.reason:
@@ -253,7 +249,7 @@ def run_drift_check(state_dir: StateDirOption = None, port: PortOption = None) -
         try:
             result = drift_check(settings)
         except (OSError, ValueError) as err:
-            raise _fail(err) from None
+            raise fail(err, 1) from None
     typer.echo(("retrained: " if result.triggered else "no retrain: ") + result.reason)
     if result.retrain is not None:
         typer.echo(f"{result.retrain.outcome}: candidate {result.retrain.version}")

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from infra.kafka_admin import TopicSetupError
 from infra.kafka_broker import BrokerError, BrokerStatus, LocalKafka
 from infra.maven_jars import JarResolutionError, MissingToolError
+from precursor.common import fail
 
 kafka_app = typer.Typer(
     help="Run a local single-node Kafka broker (KRaft, jars from Maven Central, no Docker) with Precursor's topics.",
@@ -36,13 +37,7 @@ def _broker(state_dir: Path | None, port: int | None, controller_port: int | Non
         return LocalKafka(**{name: value for name, value in given.items() if value is not None})
     except ValidationError as err:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in err.errors())
-        typer.echo(f"error: {problems}", err=True)
-        raise typer.Exit(2) from None
-
-
-def _fail(err: Exception) -> typer.Exit:
-    typer.echo(f"error: {err}", err=True)
-    return typer.Exit(1)
+        raise fail(problems) from None
 
 
 @kafka_app.command()
@@ -58,7 +53,7 @@ def up(
     try:
         broker.up(timeout_s=timeout, report=typer.echo)
     except (BrokerError, MissingToolError, JarResolutionError, TopicSetupError) as err:
-        raise _fail(err) from None
+        raise fail(err, 1) from None
 
 
 @kafka_app.command()
@@ -73,7 +68,7 @@ def down(
     try:
         broker.down(timeout_s=timeout, report=typer.echo)
     except BrokerError as err:
-        raise _fail(err) from None
+        raise fail(err, 1) from None
 
 
 def _status_lines(status: BrokerStatus) -> list[str]:

@@ -18,6 +18,7 @@ import typer
 
 from models.releases import KEYRING_FILE, KeyRotationError, KeyTrust, load_keyring, make_rotation, save_keyring
 from models.signing import generate_keypair, key_id, load_private_key
+from precursor.common import fail
 
 
 def keys_command(
@@ -40,8 +41,7 @@ def keys_command(
             return
         pair = generate_keypair(directory, name)
     except (FileExistsError, ValueError) as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code=1) from None
+        raise fail(err, 1) from None
     typer.echo(f"key_id:      {pair.key_id}")
     typer.echo(f"private key: {pair.private_key_path} (mode 0600; keep it secret, never commit it)")
     typer.echo(f"public key:  {pair.public_key_path} (give this to every edge and registry that must trust it)")

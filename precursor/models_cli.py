@@ -14,6 +14,7 @@ import typer
 
 from contracts.durations import parse_duration
 from models.progress import NO_PROGRESS, Progress
+from precursor.common import fail
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +40,6 @@ def _hours(value: str, option: str) -> float:
     if hours <= 0:
         raise typer.BadParameter(f"{value!r} must be a positive duration", param_hint=option)
     return hours
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code=1)
 
 
 def _stats(value: str, option: str) -> tuple[str, ...]:
@@ -183,7 +179,7 @@ def train_command(
         )
         settings = TrainSettings(**{**given, **_settings_overrides(set_ or [])})
     except ValidationError as err:
-        raise _fail(f"invalid training settings: {err}") from None
+        raise fail(f"invalid training settings: {err}", 1) from None
     try:
         with _progress(quiet, progress) as shown:
             result = train(
@@ -199,7 +195,7 @@ def train_command(
                 test_machines=MachineSplit.parse(test_machines) if test_machines is not None else None,
             )
     except (DatasetError, TokenizerError, ContractError, FileNotFoundError, ValueError) as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err), 1) from None
     typer.echo(describe(result.meta))
     if result.artifact_dir is not None:
         typer.echo(f"signed artifact: {result.artifact_dir}  (checkpoint: {result.checkpoint_dir})")
@@ -255,7 +251,7 @@ def evaluate_command(
                 test_machines=MachineSplit.parse(test_machines) if test_machines is not None else None,
             )
     except (DatasetError, TokenizerError, ContractError, FileNotFoundError, ValueError) as err:
-        raise _fail(str(err)) from None
+        raise fail(str(err), 1) from None
     typer.echo(report.to_json() if json_output else report.table())
     if diagram is not None:
         report.write_reliability_diagram(diagram)

@@ -12,8 +12,8 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from models.cli import evaluate_command, train_command
 from models.progress import wanted
+from precursor.models_cli import evaluate_command, train_command
 from tests.test_lm_training import write_tiny_fleet
 
 SMALL = ["--until", "2026-01-12", "--max-steps", "10", "--n-layer", "1", "--n-embd", "16", "--n-head", "2"]

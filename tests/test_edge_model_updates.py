@@ -29,11 +29,11 @@ from edge_agent.daemon import AgentDaemon
 from edge_agent.scorers import RunningModel, ScorerSlot, load_lm, load_running
 from edge_agent.updates import MAX_RELEASE_BYTES, ModelUpdater, UpdateFollower, UpdateOutcome, UpdateRefused, self_test
 from models.baselines import DriftZScore
-from models.keys_cli import keys_command
 from models.registry import pack, release_for
 from models.releases import ReleaseSigner
 from models.scoring import Window
 from models.signing import generate_keypair, load_private_key
+from precursor.keys_cli import keys_command
 from tests.test_edge_support import TelemetryWriter, build_artifact, resign, wait_for
 
 SENSORS = ("pressure", "temp", "vib")

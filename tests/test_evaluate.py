@@ -11,7 +11,6 @@ import typer
 from sklearn.metrics import average_precision_score
 from typer.testing import CliRunner
 
-from models.cli import evaluate_command, train_command
 from models.dataset import DatasetError
 from models.evaluate import (
     ScoredWindow,
@@ -23,6 +22,7 @@ from models.evaluate import (
     precision_recall_f1,
     window_metrics,
 )
+from precursor.models_cli import evaluate_command, train_command
 from tests.test_lm_training import write_tiny_fleet
 
 H = 3600

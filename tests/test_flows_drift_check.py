@@ -10,12 +10,12 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import flows_app
 from flows.drift_check import drift_check, trigger_reason
 from flows.monitoring import QualityReading, read_quality
 from flows.server import LocalPrefectServer
 from flows.settings import DriftCheckSettings
 from pipelines.monitoring import DriftMeasure, WindowMetrics
+from precursor.flows_cli import flows_app
 from store import PredictionStore, connect
 
 pytest_plugins = ["tests.fixtures_prefect"]

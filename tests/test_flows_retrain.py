@@ -33,7 +33,6 @@ from typer.testing import CliRunner
 
 from contracts.messages import ModelRelease, decode
 from contracts.settings import KafkaSettings
-from flows.cli import flows_app
 from flows.labeled import read_labeled_windows
 from flows.rejections import rejected_versions
 from flows.retrain import COMPARISON_ARTIFACT_KEY, RetrainReport, check_signing_key, new_version, retrain
@@ -43,6 +42,7 @@ from models.dataset import Fleet, build_windows
 from models.registry import ModelRegistry, verify_artifact
 from models.signing import KeyPair, generate_keypair, load_private_key, load_public_keys
 from models.train import TrainSettings
+from precursor.flows_cli import flows_app
 
 if TYPE_CHECKING:
     from tests.fixtures_flows import History

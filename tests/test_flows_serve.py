@@ -24,11 +24,11 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import FlowRun
 from typer.testing import CliRunner
 
-from flows.cli import flows_app
 from flows.retrain import COMPARISON_ARTIFACT_KEY
 from flows.serve import RETRAIN_DEPLOYMENT
 from flows.server import LocalPrefectServer
 from flows.settings import RetrainSettings
+from precursor.flows_cli import flows_app
 
 if TYPE_CHECKING:
     from tests.fixtures_flows import History
@@ -50,7 +50,7 @@ def test_serve_refuses_a_cron_it_cannot_read_and_names_the_option(
 
 @pytest.fixture
 def serving(flows_history: History, tmp_path: Path, prefect_server: LocalPrefectServer) -> Iterator[RetrainSettings]:
-    """``python -m flows serve`` (what ``precursor flows serve`` runs) in its own process group, configured by the
+    """``precursor flows serve`` in its own process group, configured by the
     environment as a deployment would be; yields the settings its retrains run with."""
     settings = flows_history.retrain_settings(
         tmp_path, training=flows_history.training.model_copy(update={"max_steps": 60})
@@ -73,7 +73,15 @@ def serving(flows_history: History, tmp_path: Path, prefect_server: LocalPrefect
     }
     log = (tmp_path / "serve.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "flows", "serve", "--retrain-cron", EVERY_15_S, "--no-drift-check"],
+        [
+            sys.executable,
+            "-c",
+            "from precursor.flows_cli import flows_app; flows_app(prog_name='precursor flows')",
+            "serve",
+            "--retrain-cron",
+            EVERY_15_S,
+            "--no-drift-check",
+        ],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

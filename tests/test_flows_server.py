@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import flows_app
 from flows.server import LocalPrefectServer, PrefectServerError, api_healthy
 from infra.kafka_broker import free_ports
+from precursor.flows_cli import flows_app
 
 pytest_plugins = ["tests.fixtures_prefect"]
 pytestmark = pytest.mark.integration

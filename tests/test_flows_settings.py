@@ -66,7 +66,7 @@ def test_a_variable_whose_json_does_not_parse_is_named_without_a_traceback(
 ) -> None:
     from typer.testing import CliRunner
 
-    from flows.cli import flows_app
+    from precursor.flows_cli import flows_app
 
     monkeypatch.setenv(variable, "{max_steps: 3")
     monkeypatch.setenv("PRECURSOR_STATE_DIR", str(tmp_path))

@@ -15,7 +15,6 @@ import pytest
 from typer.testing import CliRunner
 
 from contracts.messages import ModelRelease, decode, encode
-from models.keys_cli import keys_command
 from models.registry import (
     ArtifactError,
     ArtifactNotFoundError,
@@ -38,6 +37,7 @@ from models.signing import (
     sign,
     verify,
 )
+from precursor.keys_cli import keys_command
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from edge_agent.config import EdgeConfig
 from flows.settings import DriftCheckSettings, RetrainSettings
-from pipelines.cli import dataset_path
+from precursor.pipeline_cli import dataset_path
 from tests.conftest import REPO_ROOT
 
 EDGE = {"edge_id": "edge-s", "sources": [{"type": "replay", "telemetry": "telemetry.csv"}]}
