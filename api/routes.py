@@ -434,19 +434,15 @@ def model_quality(
         )
 
 
-@router.get(
-    "/models/calibration",
-    response_model=list[VersionCalibration],
-    responses={404: {"description": "no model registry is configured (PRECURSOR_API_MODEL_REGISTRY)"}},
-)
+@router.get("/models/calibration", response_model=list[VersionCalibration])
 def model_calibration(request: Request) -> Any:
     """Per registered model version: its calibration map (method, parameters, why it is what it is) and the
-    validation period's ECE and Brier score before and after it, read from the version's ``precursor.json``."""
+    validation period's ECE and Brier score before and after it, read from the version's ``precursor.json``. An
+    empty list where no registry is configured (``PRECURSOR_API_MODEL_REGISTRY``): the dashboard asks on every visit
+    to its models page, and a 404 there would read as a broken page."""
     registry = _settings(request).model_registry
     if registry is None:
-        raise HTTPException(
-            status.HTTP_404_NOT_FOUND, "no model registry is configured: set PRECURSOR_API_MODEL_REGISTRY"
-        )
+        return []
     try:
         return registry_calibrations(registry)
     except FileNotFoundError as err:

@@ -75,6 +75,8 @@ def version_calibration(path: Path) -> VersionCalibration:
         if not isinstance(config, dict):
             raise ValueError(f"{path / CONFIG_FILE} is not a JSON object")
         calibration = calibration_of(config)
+        if "calibration" not in config:
+            calibration = calibration.model_copy(update={"reason": "identity: made before calibration was fitted"})
         return VersionCalibration(
             model_name=manifest.model_name,
             version=manifest.version,

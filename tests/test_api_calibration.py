@@ -88,6 +88,7 @@ def test_every_version_is_listed_with_its_map_and_validation_figures(tmp_path: P
 
     old = by_version["0.1.0"]
     assert old["calibration"]["method"] == "identity" and old["is_identity"] is True
+    assert old["calibration"]["reason"] == "identity: made before calibration was fitted"
     assert old["validation"]["ece_raw"] is None and old["validation"]["reliability"] is None
     assert old["error"] is None
 
@@ -109,11 +110,11 @@ def test_a_precursor_json_edited_after_signing_is_named_not_shown(tmp_path: Path
     assert "precursor.json has sha256" in edited["error"] and "signed manifest" in edited["error"]
 
 
-def test_no_registry_configured_is_404_naming_the_setting_and_a_missing_one_503(tmp_path: Path) -> None:
+def test_no_registry_configured_is_an_empty_list_and_a_missing_one_503(tmp_path: Path) -> None:
     with client_for(tmp_path, None) as client:
         response = client.get("/api/v1/models/calibration", headers=AUTH)
         assert client.get("/api/v1/models/calibration").status_code == 401  # no token, no data
-    assert response.status_code == 404 and "PRECURSOR_API_MODEL_REGISTRY" in response.json()["detail"]
+    assert response.status_code == 200 and response.json() == []
     with client_for(tmp_path, tmp_path / "nowhere") as client:
         response = client.get("/api/v1/models/calibration", headers=AUTH)
     assert response.status_code == 503 and "nowhere" in response.json()["detail"]

@@ -246,3 +246,52 @@ def test_the_dashboard_matches_the_api_and_updates_live(
         screenshot(browser, "dashboard-models.png")
         errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         assert errors == [], errors
+
+
+def test_the_models_page_shows_each_versions_calibration(
+    browser: webdriver.Chrome, sim: SimulatedStore, tmp_path: Path
+) -> None:
+    from tests.test_api_calibration import write_registry
+
+    registry = write_registry(tmp_path)
+    app = create_app(ApiSettings(tokens=TOKEN, store=sim.path, model_registry=registry), KafkaSettings())
+    with serving(app) as base, httpx.Client(base_url=base, headers=AUTH, timeout=20) as api:
+        browser.get(f"{base}/dashboard/#token={TOKEN}")
+        wait_for("the fleet page", lambda: browser.execute_script("return document.body.dataset.ready") == "fleet")
+        browser.get(f"{base}/dashboard/#/models")
+        wait_for("the models page", lambda: browser.execute_script("return document.body.dataset.ready") == "models")
+        answer = api.get("/api/v1/models/calibration").json()
+        rows = read(
+            browser, "#calibration-table tr[data-version]", "data-version", "data-method", "data-identity", "data-error"
+        )
+        assert rows == [
+            ["0.1.0", "identity", "true", None],
+            ["0.2.0", "platt", "false", None],
+            ["0.3.0", None, None, "true"],
+        ]
+        assert [r[0] for r in rows] == [v["version"] for v in answer]
+        platt = browser.find_element(By.CSS_SELECTOR, '#calibration-table tr[data-version="0.2.0"]')
+        assert platt.find_element(By.CSS_SELECTOR, '[data-field="ece"]').text == "0.210 → 0.030"
+        assert platt.find_element(By.CSS_SELECTOR, '[data-field="brier"]').text == "0.1200 → 0.0600"
+        # one point per non-empty validation bin of the API's answer, drawn inline
+        bins = next(v for v in answer if v["version"] == "0.2.0")["validation"]["reliability"]
+        points = read(browser, '#calibration-table tr[data-version="0.2.0"] svg.reliability circle', "data-count")
+        assert [int(c) for (c,) in points] == [b["count"] for b in bins if b["count"]]
+        edited = browser.find_element(By.CSS_SELECTOR, '#calibration-table tr[data-version="0.3.0"]').text
+        assert "signed manifest" in edited
+        old = browser.find_element(By.CSS_SELECTOR, '#calibration-table tr[data-version="0.1.0"]').text
+        assert "no bins recorded" in old
+        screenshot(browser, "dashboard-models-calibration.png")
+
+    # without a registry the page says which setting names one, the rest of it still renders, and nothing fails
+    app = create_app(ApiSettings(tokens=TOKEN, store=sim.path), KafkaSettings())
+    with serving(app) as base:
+        browser.get(f"{base}/dashboard/#token={TOKEN}")
+        wait_for("the fleet page", lambda: browser.execute_script("return document.body.dataset.ready") == "fleet")
+        browser.get(f"{base}/dashboard/#/models")
+        wait_for("the models page", lambda: browser.execute_script("return document.body.dataset.ready") == "models")
+        assert "PRECURSOR_API_MODEL_REGISTRY" in browser.find_element(By.ID, "calibration-none").text
+        assert browser.find_elements(By.ID, "versions-table")
+        # (the fleet page's live tail has no broker here: only the calibration's own requests are judged)
+        failed = [e for e in browser.get_log("browser") if e["level"] == "SEVERE" and "/models/" in e["message"]]
+        assert failed == []

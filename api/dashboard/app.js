@@ -589,7 +589,90 @@ function identityPills(identity) {
   return pills.length ? pills : h("span", { class: "muted", text: "no heartbeat stored" });
 }
 
-function renderModels(rollout, versions, quality) {
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+function svg(tag, attrs = {}, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
+  for (const child of children.flat()) if (child) node.appendChild(child);
+  return node;
+}
+
+// A reliability diagram from a version's validation bins: mean risk (x) against how often those windows failed (y),
+// the diagonal where the two agree; each point's area grows with its bin's share of windows.
+function reliabilityDiagram(bins, size = 120) {
+  const pad = 6;
+  const span = size - 2 * pad;
+  const at = (x, y) => [pad + x * span, pad + (1 - y) * span];
+  const total = bins.reduce((n, b) => n + b.count, 0) || 1;
+  const used = bins.filter((b) => b.count && b.mean_predicted !== null && b.observed_rate !== null);
+  const points = used.map((b) => at(b.mean_predicted, b.observed_rate));
+  const [x0, y0] = at(0, 0);
+  const [x1, y1] = at(1, 1);
+  return svg(
+    "svg",
+    { class: "reliability", width: size, height: size, viewBox: `0 0 ${size} ${size}`, role: "img", "aria-label": "reliability diagram on validation" },
+    svg("rect", { x: pad, y: pad, width: span, height: span, fill: "none", stroke: "currentColor", "stroke-opacity": 0.25 }),
+    svg("line", { x1: x0, y1: y0, x2: x1, y2: y1, stroke: "currentColor", "stroke-opacity": 0.4, "stroke-dasharray": "3 3" }),
+    points.length > 1 ? svg("polyline", { points: points.map((p) => p.join(",")).join(" "), fill: "none", stroke: "#3b82f6", "stroke-width": 1.5 }) : null,
+    used.map((b, i) => svg("circle", { cx: points[i][0], cy: points[i][1], r: (1.5 + 4 * Math.sqrt(b.count / total)).toFixed(2), fill: "#3b82f6", "data-count": b.count })),
+  );
+}
+
+function arrow(raw, calibrated, digits) {
+  if (raw === null && calibrated === null) return "–";
+  const f = (v) => (v === null ? "–" : v.toFixed(digits));
+  return `${f(raw)} → ${f(calibrated)}`;
+}
+
+// calibration: the API's /models/calibration answer, or a string saying why there is none.
+function calibrationSection(calibration) {
+  const body =
+    typeof calibration === "string"
+      ? h("div", { class: "empty", id: "calibration-none", text: calibration })
+      : !calibration.length
+        ? h("div", { class: "empty", id: "calibration-none", text: "No registered versions: the API reads them from the model registry named by PRECURSOR_API_MODEL_REGISTRY." })
+        : h(
+            "div",
+            { class: "table-wrap" },
+            h(
+              "table",
+              { id: "calibration-table", class: "compact" },
+              h("thead", {}, h("tr", {}, ["Version", "Map", "a", "b", "Fitted on", "ECE raw → calibrated", "Brier raw → calibrated", "Reliability", "Why"].map((x) => h("th", { text: x })))),
+              h(
+                "tbody",
+                {},
+                calibration.map((c) => {
+                  const key = { version: c.version, model: c.model_name };
+                  if (c.error) return h("tr", { dataset: { ...key, error: "true" } }, h("td", { class: "mono", text: c.version }), h("td", { colspan: 8, class: "failing wrap", text: `unreadable: ${c.error}` }));
+                  const m = c.calibration;
+                  const v = c.validation;
+                  return h(
+                    "tr",
+                    { dataset: { ...key, method: m.method, identity: String(c.is_identity) } },
+                    h("td", { class: "mono", text: c.version }),
+                    h("td", { text: c.is_identity ? "identity" : m.method }),
+                    h("td", { class: "num", text: m.a.toFixed(3) }),
+                    h("td", { class: "num", text: m.b.toFixed(3) }),
+                    h("td", { class: "num", text: `${m.fitted_on} (${m.positives} failed)` }),
+                    h("td", { class: "num", dataset: { field: "ece" }, text: arrow(v.ece_raw, v.ece_calibrated, 3) }),
+                    h("td", { class: "num", dataset: { field: "brier" }, text: arrow(v.brier_raw, v.brier_calibrated, 4) }),
+                    h("td", {}, v.reliability ? reliabilityDiagram(v.reliability) : h("span", { class: "muted", text: "no bins recorded" })),
+                    h("td", { class: "muted wrap", text: m.reason || "–" }),
+                  );
+                }),
+              ),
+            ),
+          );
+  return h(
+    "section",
+    { class: "panel", id: "calibration" },
+    h("header", {}, h("h2", { text: "Calibration per version" }), h("span", { class: "hint", text: "the map each signed artifact carries, and its validation figures (10 equal-width bins)" })),
+    body,
+  );
+}
+
+function renderModels(rollout, versions, quality, calibration) {
   const known = [...new Set(versions.map((v) => v.model_version).concat(rollout.flatMap((e) => e.versions.map((v) => v.model_version))))].sort();
   const colour = (version) => PALETTE[known.indexOf(version) % PALETTE.length];
   const cards = rollout.map((e) => {
@@ -687,6 +770,7 @@ function renderModels(rollout, versions, quality) {
       ),
     ),
   );
+  content.appendChild(calibrationSection(calibration));
   view().replaceChildren(content);
   if (quality.length) {
     const series = [];
@@ -705,8 +789,13 @@ function renderModels(rollout, versions, quality) {
 async function showModels() {
   state.page = "models";
   document.body.dataset.ready = "";
-  const [rollout, versions, quality] = await Promise.all([api("/models/rollout"), api("/models/versions"), api("/models/quality?bucket=1d")]);
-  renderModels(rollout, versions, quality);
+  // An unreadable registry (503) says why on the page; the rest of the page still renders.
+  const calibration = api("/models/calibration").catch((err) => {
+    if (err instanceof HttpError && err.status !== 401) return err.message;
+    throw err;
+  });
+  const [rollout, versions, quality, calibrations] = await Promise.all([api("/models/rollout"), api("/models/versions"), api("/models/quality?bucket=1d"), calibration]);
+  renderModels(rollout, versions, quality, calibrations);
   stopLive();
 }
 
