@@ -41,7 +41,7 @@ from edge_agent.quarantine import Quarantine
 from edge_agent.records import Reading
 from edge_agent.scorers import RunningModel, ScorerSlot
 from edge_agent.sequence import SequenceCounter
-from edge_agent.sources import Item, SourceBatch
+from edge_agent.telemetry_source import Item, SourceBatch
 from edge_agent.windows import WindowBuilder
 from models.scoring import Scorer, Window
 

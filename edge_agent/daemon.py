@@ -43,7 +43,8 @@ from edge_agent.logs import configure_logging
 from edge_agent.outbox import Outbox
 from edge_agent.scorers import RunningModel, ScorerSlot, load_running
 from edge_agent.sender import OutboxSender
-from edge_agent.sources import SourceBatch, TelemetrySource, open_source
+from edge_agent.sources import open_source
+from edge_agent.telemetry_source import SourceBatch, TelemetrySource
 from edge_agent.updates import ModelUpdater, UpdateFollower
 
 log = logging.getLogger("precursor.edge")

@@ -1,10 +1,8 @@
-"""Where telemetry comes from: file replay, file tail, MQTT and the simulator, behind one small interface.
+"""Where telemetry comes from: file replay and the simulator here, and :func:`open_source`, which picks the source a
+config names (file tail in :mod:`edge_agent.tail`, MQTT in :mod:`edge_agent.mqtt`).
 
-A source hands the agent :class:`SourceBatch` es: readings, events and unreadable records (never an exception for a bad
-record: a :class:`~contracts.formats.RowError` the agent quarantines), with the source's *position* after the batch.
-The agent commits the position in the same transaction as everything the batch led to, then calls
-:meth:`TelemetrySource.acknowledge` with the batch's ``ack``: that is where a source tells its upstream (an MQTT
-broker) that the data is safe. On restart the agent passes the saved position back to :meth:`TelemetrySource.batches`.
+Every source speaks :class:`~edge_agent.telemetry_source.TelemetrySource`; that interface lives in its own module so
+the tail and MQTT sources implement it without importing this factory (which imports them).
 """
 
 from __future__ import annotations
@@ -16,9 +14,8 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
 from contracts.formats import RowError, read_machines
 from contracts.messages import Event, TelemetryReading
@@ -32,37 +29,10 @@ from edge_agent.config import (
     source_name,
 )
 from edge_agent.records import CsvLayout, Reading, Record, RecordParser
+from edge_agent.telemetry_source import Item, SourceBatch, TelemetrySource
 
-Item = Reading | TelemetryReading | Event | RowError
 Mark = Any
 """A source's own token for its position just after an item (a count, an instant): cheap to keep per item."""
-
-
-@dataclass(slots=True)
-class SourceBatch:
-    """Items read together. ``position`` (JSON text) is saved with their effects; ``ack`` goes back to the source."""
-
-    source: str
-    items: list[Item]
-    position: str | None = None
-    ack: Any = None
-    arrived: float = field(default_factory=time.monotonic)
-
-
-class TelemetrySource(Protocol):
-    name: str
-
-    def attributes(self) -> dict[str, dict[str, str]]: ...
-
-    def batches(self, position: str | None, stop: threading.Event) -> Iterator[SourceBatch]:
-        """Batches from ``position`` (None: from the start) until the source ends or ``stop`` is set."""
-        ...
-
-    def acknowledge(self, ack: Any) -> None:
-        """Everything up to the batch that carried ``ack`` is committed."""
-        ...
-
-    def close(self) -> None: ...
 
 
 def record_chunks(

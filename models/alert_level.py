@@ -19,7 +19,7 @@ Definitions (``h`` is the horizon, ``f`` a failure's time, an alert is open from
   window-level figure does).
 
 >>> from contracts.alerting import AlertRule
->>> from models.evaluate import ScoredWindow
+>>> from models.scored_window import ScoredWindow
 >>> w = [ScoredWindow("m", h * 3600, h >= 4, 6.0 - h if h >= 4 else None, s)
 ...      for h, s in enumerate([0.9, 0.9, 0.1, 0.8, 0.9, 0.9, 0.1])]
 >>> spans = alert_spans(w, threshold=0.5, rule=AlertRule())
@@ -34,15 +34,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from contracts.alerting import AlertRule
-
-if TYPE_CHECKING:  # models.evaluate imports this module to report its figures
-    from models.evaluate import ScoredWindow
+from models.scored_window import ScoredWindow
 
 HOUR_S = 3600.0
 HOURS_PER_WEEK = 168.0

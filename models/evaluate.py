@@ -28,7 +28,6 @@ import json
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,7 @@ from models.dataset import (
     split_windows,
 )
 from models.progress import NO_PROGRESS, Progress
+from models.scored_window import ScoredWindow
 from models.scoring import ANY_FAILURE, Scorer
 
 HOURS_PER_WEEK = 168.0
@@ -60,17 +60,6 @@ log = logging.getLogger(__name__)
 
 
 # --- metrics ------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ScoredWindow:
-    """One test window's outcome and score."""
-
-    machine_id: str
-    end_s: int
-    failed: bool
-    hours_to_failure: float | None
-    score: float
 
 
 def average_precision(failed: Sequence[bool], scores: Sequence[float]) -> float | None:

@@ -17,7 +17,7 @@ from edge_agent.daemon import AgentDaemon
 from edge_agent.mqtt import MqttSubscription
 from edge_agent.outbox import Outbox
 from edge_agent.records import Reading
-from edge_agent.sources import SourceBatch
+from edge_agent.telemetry_source import SourceBatch
 from tests.test_edge_support import Mosquitto, publisher, wait_for
 
 pytestmark = pytest.mark.integration

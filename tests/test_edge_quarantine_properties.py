@@ -23,8 +23,8 @@ from edge_agent.outbox import Outbox
 from edge_agent.quarantine import Quarantine
 from edge_agent.records import RecordParser
 from edge_agent.scorers import load_scorer
-from edge_agent.sources import SourceBatch
 from edge_agent.statedb import open_state_db
+from edge_agent.telemetry_source import SourceBatch
 
 GOOD = ("good-1", "good-2")
 T0 = 1_767_225_600

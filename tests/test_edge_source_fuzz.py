@@ -31,8 +31,9 @@ from contracts.formats import RowError
 from edge_agent.config import InputSpec, MqttSource, ReplaySource, TailSource
 from edge_agent.mqtt import MqttSubscription
 from edge_agent.records import FLOAT32_MAX, Reading
-from edge_agent.sources import FileReplay, SourceBatch
+from edge_agent.sources import FileReplay
 from edge_agent.tail import FileTail
+from edge_agent.telemetry_source import SourceBatch
 from tests.test_edge_support import Mosquitto, publisher, wait_for
 
 MAX_RECORD_BYTES = 8192

@@ -15,8 +15,9 @@ from contracts.formats import RowError
 from contracts.messages import Event
 from edge_agent.config import EdgeConfig, InputSpec, ReplaySource, SimulatorSource, TailSource
 from edge_agent.records import Reading
-from edge_agent.sources import FileReplay, SimulatedFleet, SourceBatch
+from edge_agent.sources import FileReplay, SimulatedFleet
 from edge_agent.tail import FileTail
+from edge_agent.telemetry_source import SourceBatch
 from tests.test_edge_support import wait_for
 
 HEADER = "timestamp,machine_id,temp\n"
