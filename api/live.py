@@ -24,7 +24,6 @@ import contextlib
 import json
 import logging
 import re
-import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -36,6 +35,7 @@ from starlette.types import Receive, Scope, Send
 
 from contracts.messages import Alert, ContractError, Message, Prediction, decode
 from contracts.settings import KafkaSettings
+from infra.kafka_admin import check_reachable
 
 log = logging.getLogger("precursor.api.live")
 
@@ -116,7 +116,7 @@ class KafkaTail:
     def open(self) -> Cursor:
         """Connect, assign and seek; returns the starting cursor. Raises ConnectionError when no broker answers
         and LookupError for a missing topic."""
-        _check_reachable(self._settings.servers)
+        check_reachable(self._settings.servers, timeout_s=2.0)
         consumer = KafkaConsumer(
             **self._settings.client_kwargs(),
             group_id=None,
@@ -181,19 +181,6 @@ class KafkaTail:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             consumer.close(autocommit=False)
-
-
-def _check_reachable(servers: Sequence[str], timeout_s: float = 2.0) -> None:
-    """Fail in seconds, not after the client's long metadata timeout, when no broker listens."""
-    errors = []
-    for server in servers:
-        host, _, port = server.rpartition(":")
-        try:
-            with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout_s):
-                return
-        except (OSError, ValueError) as err:
-            errors.append(f"{server}: {err}")
-    raise ConnectionError("no Kafka broker reachable (" + "; ".join(errors) + ")")
 
 
 def sse(*, event: str | None = None, data: Any = None, id: str | None = None, comment: str | None = None) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -11,7 +10,7 @@ from kafka.producer.future import FutureRecordMetadata
 
 from contracts.messages import EdgeEvent, Heartbeat, Message, Prediction, encode
 from contracts.settings import KafkaSettings
-from infra.kafka_admin import missing_topics
+from infra.kafka_admin import check_reachable, missing_topics
 
 
 class Sink(Protocol):
@@ -22,26 +21,6 @@ class Sink(Protocol):
     def flush(self) -> None: ...
 
     def close(self) -> None: ...
-
-
-class BrokerUnreachable(ConnectionError):
-    pass
-
-
-def check_reachable(servers: Sequence[str], timeout_s: float = 3.0) -> None:
-    """Fail fast with a clear message: a kafka-python producer with no broker blocks ~30 s before it says so."""
-    errors = []
-    for server in servers:
-        host, _, port = server.rpartition(":")
-        try:
-            with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=timeout_s):
-                return
-        except (OSError, ValueError) as err:
-            errors.append(f"{server}: {err}")
-    raise BrokerUnreachable(
-        "no Kafka broker reachable at " + ", ".join(servers) + f" ({'; '.join(errors)}). "
-        "Start the local one with `precursor kafka up`, or set PRECURSOR_KAFKA_BOOTSTRAP_SERVERS."
-    )
 
 
 class TopicsMissing(ConnectionError):

@@ -26,7 +26,8 @@ from kafka.errors import KafkaError
 
 from contracts.settings import KafkaSettings
 from edge_agent.outbox import Outbox, OutboxRow
-from edge_agent.publisher import BrokerUnreachable, TopicsMissing, check_reachable, check_topics, edge_topics
+from edge_agent.publisher import TopicsMissing, check_topics, edge_topics
+from infra.kafka_admin import BrokerUnreachable, check_reachable
 
 log = logging.getLogger("precursor.edge.sender")
 

@@ -13,7 +13,7 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -69,17 +69,40 @@ def split_host_port(server: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _any_port_open(servers: Iterable[str], deadline: float) -> bool:
+class BrokerUnreachable(ConnectionError):
+    """No bootstrap server accepts a connection; the message names each server and why, and how to start one."""
+
+
+def check_reachable(servers: Sequence[str], timeout_s: float = 3.0) -> None:
+    """Fail fast with a clear message: a kafka-python client with no broker blocks ~30 s before it says so.
+
+    A plain TCP connect to each server in turn, ``timeout_s`` in all; the first that accepts is enough. The edge
+    publisher, the pipeline command and the API's live tail all ask here, so they agree on what "reachable" means.
+    """
+    deadline = time.monotonic() + timeout_s
+    errors = []
     for server in servers:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return False
+            errors.append(f"{server}: not tried, {timeout_s:g} s spent")
+            continue
         try:
             with socket.create_connection(split_host_port(server), timeout=remaining):
-                return True
-        except OSError:
-            continue
-    return False
+                return
+        except (OSError, ValueError) as err:
+            errors.append(f"{server}: {err}")
+    raise BrokerUnreachable(
+        "no Kafka broker reachable at " + ", ".join(servers) + f" ({'; '.join(errors)}). "
+        "Start the local one with `precursor kafka up`, or set PRECURSOR_KAFKA_BOOTSTRAP_SERVERS."
+    )
+
+
+def _any_port_open(servers: Sequence[str], deadline: float) -> bool:
+    try:
+        check_reachable(servers, deadline - time.monotonic())
+    except BrokerUnreachable:
+        return False
+    return True
 
 
 @contextmanager

@@ -54,7 +54,7 @@ def pipeline_run(
 ) -> None:
     """Kafka predictions and events -> validate -> dead-letter -> drop duplicates -> store, and alerts."""
     from contracts.enrollment import EnrollmentError
-    from edge_agent.publisher import BrokerUnreachable, check_reachable
+    from infra.kafka_admin import BrokerUnreachable, check_reachable
     from pipelines.engines import EngineError
     from pipelines.run import RunReport, run_once
     from pipelines.run import follow as follow_topics
