@@ -1,1 +1,2 @@
-"""Local infrastructure the project starts itself: a Kafka broker resolved from Maven Central, and its command line."""
+"""Local infrastructure the project starts itself, and Kafka administration: a broker resolved from Maven Central,
+topic setup and the reachability check (its command line is :mod:`precursor.kafka_cli`)."""
