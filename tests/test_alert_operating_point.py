@@ -143,7 +143,11 @@ def test_the_dashboard_bands_and_counts_follow_each_models_operating_point_live_
 ) -> None:
 
     def card(key: str) -> str:
-        return browser.find_element(By.CSS_SELECTOR, f'[data-card="{key}"] .value').text
+        # Found and read in one step: the page redraws its cards as events arrive.
+        return browser.execute_script(
+            "const e = document.querySelector(arguments[0]); return e === null ? '' : e.innerText.trim()",
+            f'[data-card="{key}"] .value',
+        )
 
     with serving(make_app(ingested, kafka_settings)) as base:
         browser.get(f"{base}/dashboard/#token={TOKEN}")
