@@ -24,6 +24,7 @@ from pydantic_settings import SettingsError
 
 from flows.server import OFFLINE_ENVIRONMENT, LocalPrefectServer, PrefectServerError, PrefectServerStatus
 from precursor.common import fail
+from precursor.output import aligned
 
 flows_app = typer.Typer(
     help="Prefect flows: retrain on evidence, check for drift, serve both on schedules.", no_args_is_help=True
@@ -119,8 +120,7 @@ def _status_lines(status: PrefectServerStatus) -> list[str]:
         ("api", status.api_url),
         ("home", str(status.home)),
     ]
-    width = max(len(name) for name, _ in rows)
-    return [f"{name:<{width}}  {value}" for name, value in rows]
+    return aligned(rows)
 
 
 @server_app.command("status")

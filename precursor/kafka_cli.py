@@ -16,6 +16,7 @@ from infra.kafka_admin import TopicSetupError
 from infra.kafka_broker import BrokerError, BrokerStatus, LocalKafka
 from infra.maven_jars import JarResolutionError, MissingToolError
 from precursor.common import fail
+from precursor.output import aligned
 
 kafka_app = typer.Typer(
     help="Run a local single-node Kafka broker (KRaft, jars from Maven Central, no Docker) with Precursor's topics.",
@@ -80,8 +81,7 @@ def _status_lines(status: BrokerStatus) -> list[str]:
         ("state dir", str(status.state_dir)),
         ("topics", ", ".join(status.topics) if status.topics else "-"),
     ]
-    width = max(len(name) for name, _ in rows)
-    return [f"{name:<{width}}  {value}" for name, value in rows]
+    return aligned(rows)
 
 
 @kafka_app.command()

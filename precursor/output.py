@@ -57,3 +57,13 @@ def show(rows: Sequence[dict[str, Any]], fmt: OutputFormat = OutputFormat.table,
     if not rows:
         table.add_column("(no rows)")
     Console(width=160).print(table)
+
+
+def aligned(rows: Sequence[tuple[str, str]]) -> list[str]:
+    """``name  value`` lines with the values in one column, for a status.
+
+    >>> aligned([("pid", "7"), ("running", "yes")])
+    ['pid      7', 'running  yes']
+    """
+    width = max(len(name) for name, _ in rows)
+    return [f"{name:<{width}}  {value}" for name, value in rows]
