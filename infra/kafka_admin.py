@@ -159,7 +159,9 @@ class _BootstrapFailures(logging.Handler):
             self.reasons.append(text)
 
 
-_REFUSALS = ("SaslAuthenticationFailed", "invalid credentials", "CERTIFICATE_VERIFY_FAILED")
+# "socket disconnected" names nothing by itself, but says the broker closed on us: check_access then finds out which
+# phase failed (kafka-python may drop the broker's last answer, a login refusal, when the close comes in the same read).
+_REFUSALS = ("SaslAuthenticationFailed", "invalid credentials", "CERTIFICATE_VERIFY_FAILED", "socket disconnected")
 
 
 def _tls_handshake(settings: KafkaSettings, timeout_s: float) -> str | None:

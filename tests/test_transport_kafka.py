@@ -309,3 +309,16 @@ def test_a_settings_error_does_not_print_the_password(tmp_path: Path) -> None:
             ca_file=ca.cert_file, cert_file=ca.cert_file, key_file=ca.cert_file, admin_password="hunter2\nhunter2"
         )
     assert "control characters" in str(refused.value) and "hunter2" not in str(refused.value)
+
+
+def test_a_close_with_no_reason_still_counts_as_a_refusal_to_explain() -> None:
+    """kafka-python may drop the broker's login refusal and log only "socket disconnected": that must still lead
+    check_access to find out the failed phase, not to say "no answer in time"."""
+    import logging
+
+    from infra.kafka_admin import _BootstrapFailures
+
+    failures = _BootstrapFailures()
+    for text in ("<KafkaSSLTransport [127.0.0.1:1<-2]>: socket disconnected", "Bootstrap failed: KafkaTimeoutError"):
+        failures.handle(logging.LogRecord("kafka.net.transport", logging.ERROR, __file__, 1, text, None, None))
+    assert failures.reasons == ["<KafkaSSLTransport [127.0.0.1:1<-2]>: socket disconnected"]
