@@ -116,8 +116,47 @@ class EdgeEvent(EdgeMessage, Event):
     """An event as an edge saw it and sent it to ``precursor.events``."""
 
 
+MAX_REASONS = 8
+"""The most reasons a prediction carries: the few that moved its risk most, so a message stays small."""
+
+ShortText = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
+class ReasonDetail(BaseModel):
+    """Where in the window a reason lies: the statistic and block of a sensor, or how often and how long ago an event
+    came. ``from_h``/``to_h``: the hours before the window's end that the evidence spans (``to_h`` 0: up to the end)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    statistic: Annotated[str, Field(pattern=r"^[a-z][a-z_]{0,15}$")] | None = None
+    block: Annotated[int, Field(ge=0, le=63)] | None = None
+    from_h: Annotated[float, Field(ge=0, le=24 * 365, allow_inf_nan=False)] | None = None
+    to_h: Annotated[float, Field(ge=0, le=24 * 365, allow_inf_nan=False)] | None = None
+    count: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    age_h: Annotated[float, Field(ge=0, le=24 * 365 * 100, allow_inf_nan=False)] | None = None
+
+
+class Reason(BaseModel):
+    """One piece of a window's context that raised its risk, and by how much: the risk fell by ``risk_drop`` when
+    the model scored the window without it (occlusion, :mod:`models.explain`). ``text`` says it in words."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["sensor", "event", "context"]
+    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")] = Field(
+        description="the sensor, the event (error:E310, maintenance:bearing, failure) or the context (an attribute)"
+    )
+    risk_drop: Annotated[float, Field(ge=-1.0, le=1.0, allow_inf_nan=False)]
+    detail: ReasonDetail | None = None
+    text: ShortText
+
+
 class Prediction(EdgeMessage):
-    """A risk estimate for one machine over one window: the probability of each failure kind within the horizon."""
+    """A risk estimate for one machine over one window: the probability of each failure kind within the horizon.
+
+    ``reasons``, where the edge explained the prediction (alerting windows of a model that can be explained): what
+    moved the risk most, largest first. Predictions without them (older edges, baselines, quiet windows) stay valid.
+    """
 
     machine_id: Identifier
     window_start: UtcDatetime
@@ -132,6 +171,7 @@ class Prediction(EdgeMessage):
         description="The model's own alert threshold (chosen on its validation data), when it has one: monitoring "
         "judges each model version at its own threshold, not at one shared figure.",
     )
+    reasons: list[Reason] | None = Field(default=None, max_length=MAX_REASONS)
 
     @field_validator("window_end")
     @classmethod

@@ -56,6 +56,45 @@ def test_unknown_fields_and_wrong_schema_version_are_refused() -> None:
         decode(Prediction, json.dumps({**PREDICTION, "schema_version": 2}))
 
 
+REASON = {
+    "kind": "sensor",
+    "name": "vibration_rms",
+    "risk_drop": 0.31,
+    "detail": {"statistic": "std", "from_h": 6, "to_h": 0},
+    "text": "vibration_rms spread over the last 6 h",
+}
+
+
+def test_reasons_are_optional_round_trip_and_bounded() -> None:
+    assert decode(Prediction, json.dumps(PREDICTION)).reasons is None  # an older edge's message stays valid
+    p = decode(
+        Prediction,
+        json.dumps(
+            {
+                **PREDICTION,
+                "reasons": [
+                    REASON,
+                    {
+                        **REASON,
+                        "kind": "event",
+                        "name": "error:E310",
+                        "detail": {"count": 3},
+                        "text": "error E310 three times",
+                    },
+                ],
+            }
+        ),
+    )
+    assert decode(Prediction, encode(p)) == p
+    assert p.reasons is not None and p.reasons[0].detail is not None and p.reasons[0].detail.statistic == "std"
+    with pytest.raises(ContractError, match="reasons"):
+        decode(Prediction, json.dumps({**PREDICTION, "reasons": [REASON] * 9}))
+    with pytest.raises(ContractError, match=r"reasons\.0\.kind"):
+        decode(Prediction, json.dumps({**PREDICTION, "reasons": [{**REASON, "kind": "hunch"}]}))
+    with pytest.raises(ContractError, match=r"reasons\.0\.text"):
+        decode(Prediction, json.dumps({**PREDICTION, "reasons": [{**REASON, "text": "x" * 201}]}))
+
+
 def test_not_json_and_not_an_object() -> None:
     with pytest.raises(ContractError, match="not valid JSON"):
         decode(Prediction, b"\xff{")
