@@ -187,6 +187,58 @@ class Prediction(EdgeMessage):
         return max(self.risk.values())
 
 
+MAX_SUMMARY_SENSORS = 1024
+"""The most sensors one telemetry summary carries (about 100 bytes each); a machine with more sends several."""
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class SensorSummary(BaseModel):
+    """One sensor over one period: the mean, lowest, highest and last of its ``count`` readings (missing ones left
+    out, so ``count`` is at least one)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mean: FiniteFloat
+    min: FiniteFloat
+    max: FiniteFloat
+    last: FiniteFloat
+    count: Annotated[int, Field(ge=1, le=2**31 - 1)]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SensorSummary:
+        if not self.min <= self.mean <= self.max or not self.min <= self.last <= self.max:
+            shown = f"min={self.min}, mean={self.mean}, last={self.last}, max={self.max}"
+            raise ValueError(f"mean and last must lie between min and max ({shown})")
+        return self
+
+
+class TelemetrySummary(EdgeMessage):
+    """What one machine's sensors did over one period ``[window_start, window_end)``, sent to
+    ``precursor.telemetry`` by an edge that opts in; the raw readings stay at the edge. ``readings``: how many
+    readings the period held (a sensor's ``count`` is how many of them had a value for it)."""
+
+    machine_id: Identifier
+    window_start: UtcDatetime
+    window_end: UtcDatetime
+    readings: Annotated[int, Field(ge=1, le=2**31 - 1)]
+    sensors: dict[SensorName, SensorSummary] = Field(min_length=1, max_length=MAX_SUMMARY_SENSORS)
+
+    @field_validator("window_end")
+    @classmethod
+    def _after_start(cls, end: datetime, info: Any) -> datetime:
+        start = info.data.get("window_start")
+        if start is not None and end <= start:
+            raise ValueError(f"window_end {end.isoformat()} is not after window_start {start.isoformat()}")
+        return end
+
+    @model_validator(mode="after")
+    def _counts_fit(self) -> TelemetrySummary:
+        over = sorted(name for name, s in self.sensors.items() if s.count > self.readings)
+        if over:
+            raise ValueError(f"sensors counted more values than the {self.readings} readings: {', '.join(over)}")
+        return self
+
+
 class AgentBuild(BaseModel):
     """Which edge agent code sent a message: the package version and a hash of the agent's own source files."""
 
