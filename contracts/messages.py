@@ -259,12 +259,41 @@ class HeartbeatSignature(BaseModel):
 
 HEARTBEAT_STATEMENT = "precursor.heartbeat"
 
+Rate = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
+"""Items per second: bounded so a hostile heartbeat cannot carry a figure no chart or sum can hold."""
+Seconds = Annotated[float, Field(ge=0, le=1e10, allow_inf_nan=False)]
+Millis = Annotated[float, Field(ge=0, le=1e7, allow_inf_nan=False)]
+
+
+class EdgeFlow(BaseModel):
+    """What went through an edge: rates over the ``interval_s`` before the heartbeat, and running totals (CPU,
+    predictions, energy) since the agent started, from which cost per prediction follows."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    interval_s: Seconds = Field(description="the time the rates cover: since the previous heartbeat")
+    readings_per_s: Rate = 0.0
+    windows_per_s: Rate = 0.0
+    predictions_per_s: Rate = 0.0
+    scoring_ms_p50: Millis | None = Field(None, description="per window, over the interval; None: nothing scored")
+    scoring_ms_p95: Millis | None = None
+    scoring_busy: Annotated[float, Field(ge=0, le=1e3, allow_inf_nan=False)] = Field(
+        0.0, description="seconds spent scoring per second of the interval (1.0: the scorer never rests)"
+    )
+    cpu_s: Seconds = Field(0.0, description="CPU seconds the agent process used since it started")
+    scoring_cpu_s: Seconds = Field(0.0, description="of those, CPU seconds spent scoring windows")
+    predictions: Count = Field(0, description="predictions made since the agent started")
+    energy_j: Annotated[float, Field(ge=0, le=1e15, allow_inf_nan=False)] | None = Field(
+        None, description="joules the CPU package used since the agent started (RAPL), where the edge exposes them"
+    )
+
 
 class Heartbeat(EdgeMessage):
     """An edge agent's periodic health report, keyed by edge_id.
 
     Schema version 2 adds who sent it: the agent's build and, from an enrolled edge, a signature by the edge's own key
-    over the whole heartbeat (:meth:`statement`). Version 1 heartbeats (neither) still parse: they read as unsigned.
+    over the whole heartbeat (:meth:`statement`), and optionally what flowed through the edge (:class:`EdgeFlow`,
+    signed with the rest). Version 1 heartbeats (none of these) still parse: they read as unsigned.
     """
 
     schema_version: Literal[1, 2] = 2  # type: ignore[assignment]
@@ -278,11 +307,12 @@ class Heartbeat(EdgeMessage):
     machines: Count = 0
     agent: AgentBuild | None = None
     signature: HeartbeatSignature | None = None
+    flow: EdgeFlow | None = Field(None, description="throughput, scoring time and CPU; covered by the signature")
 
     @model_validator(mode="after")
     def _identity_needs_version_2(self) -> Heartbeat:
-        if self.schema_version == 1 and (self.agent is not None or self.signature is not None):
-            raise ValueError("agent and signature came with schema_version 2; this heartbeat says 1")
+        if self.schema_version == 1 and (self.agent is not None or self.signature is not None or self.flow is not None):
+            raise ValueError("agent, signature and flow came with schema_version 2; this heartbeat says 1")
         return self
 
     def statement(self) -> bytes:
