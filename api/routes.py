@@ -40,12 +40,13 @@ from api.models import (
 from api.settings import ApiSettings
 from contracts.alerting import AlertRule
 from contracts.durations import parse_duration
+from contracts.outcomes import ANY_FAILURE
 from contracts.settings import KafkaSettings
 from models.calibration_report import VersionCalibration, registry_calibrations
 from pipelines.settings import PipelineSettings
 from store.db import StoreBusy
-from store.queries import ANY_FAILURE, SqlRejected, StoreAttacher, StoreReader, check_range, parse_time_bound, reading
 from store.queries import Page as StorePage
+from store.queries import SqlRejected, StoreAttacher, StoreReader, check_range, parse_time_bound, reading
 
 IDENTIFIER = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$"
 

@@ -45,6 +45,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import AwareDatetime, BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from contracts.messages import ContractError, ModelRelease, decode
+from contracts.outcomes import ANY_FAILURE
 from edge_agent.config import EdgeConfig, SelfTestSpec
 from edge_agent.scorers import RunningModel, ScorerSlot, load_lm, load_trusted_keys
 from models.registry import ArtifactError, unpack, verify_release, version_sort_key
@@ -59,7 +60,7 @@ from models.releases import (
     save_keyring,
     verify_release_statement,
 )
-from models.scoring import ANY_FAILURE, Scorer, Window
+from models.scoring import Scorer, Window
 from models.signing import SignatureError
 
 log = logging.getLogger("precursor.edge.updates")

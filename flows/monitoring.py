@@ -16,9 +16,9 @@ from pathlib import Path
 import duckdb
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.outcomes import ANY_FAILURE
 from store import connect
 
-ANY_FAILURE = "failure"
 FLEET = "*"
 """The model version the monitoring pipeline files fleet-wide input drift under."""
 

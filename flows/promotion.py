@@ -23,10 +23,10 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.outcomes import ANY_FAILURE, OK
 from models.dataset import LabeledWindow
 from models.evaluate import Metrics, ScoredWindow, window_metrics
-from models.outcome import OK
-from models.scoring import ANY_FAILURE, Risk, Scorer
+from models.scoring import Risk, Scorer
 
 _TOLERANCE = 1e-12
 

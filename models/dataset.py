@@ -36,8 +36,8 @@ import numpy as np
 
 from contracts.formats import TelemetryTable, read_events, read_machines, read_telemetry_table
 from contracts.messages import Event
-from models.outcome import OK
-from models.scoring import ANY_FAILURE, Window
+from contracts.outcomes import ANY_FAILURE, OK
+from models.scoring import Window
 
 HOUR_S = 3600
 

@@ -29,10 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.scoring import ANY_FAILURE, Risk
-
-OK = "ok"
-"""The outcome key for "no failure within the horizon"."""
+from contracts.outcomes import ANY_FAILURE, OK
+from models.scoring import Risk
 
 
 def outcome_token(kind: str) -> str:

@@ -15,9 +15,6 @@ import numpy as np
 
 from contracts.messages import Event
 
-ANY_FAILURE = "failure"
-"""The risk key for a failure of any (or unnamed) kind."""
-
 
 @dataclass(frozen=True)
 class Window:
@@ -45,7 +42,8 @@ class Window:
 
 
 Risk = dict[str, float]
-"""Failure kind -> probability of that failure within the scorer's horizon. Always has ``ANY_FAILURE``."""
+"""Failure kind -> probability of that failure within the scorer's horizon. Always has
+:data:`contracts.outcomes.ANY_FAILURE`."""
 
 
 @runtime_checkable

@@ -52,6 +52,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
+from contracts.outcomes import ANY_FAILURE, OK
 from models.features import (
     HOUR_S,
     SensorScaling,
@@ -64,8 +65,8 @@ from models.features import (
     window_context,
     window_rows,
 )
-from models.outcome import OK, outcome_token
-from models.scoring import ANY_FAILURE, Window
+from models.outcome import outcome_token
+from models.scoring import Window
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"

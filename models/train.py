@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch.optim.swa_utils import AveragedModel
 from transformers import PreTrainedModel
 
+from contracts.outcomes import OK
 from models.calibration import brier_score, expected_calibration_error, fit_platt, reliability_bins
 from models.dataset import (
     DatasetError,
@@ -67,7 +68,7 @@ from models.model import (
     model_config_dict,
     save_checkpoint,
 )
-from models.outcome import OK, outcome_probabilities, pack_sequences
+from models.outcome import outcome_probabilities, pack_sequences
 from models.progress import NO_PROGRESS, Progress
 from models.tokenizer import TelemetryTokenizer, TokenizerSettings
 

@@ -54,14 +54,13 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
+from contracts.outcomes import ANY_FAILURE, OK, failure_kind
 from pipelines.engines import LOCAL, EngineSettings, counters, engine
 from pipelines.records import HOUR_US, MICROS
 from pipelines.settings import PipelineSettings
 from pipelines.snapshot import take_snapshot
 
 NAMESPACE = "precursor.labeling"
-OK = "ok"
-ANY_FAILURE = "failure"
 DATASET_FORMAT = "precursor-labeled-windows/1"
 LABEL_RULE = "outcome = kind of the first failure in [window_end, window_end + horizon), else ok"
 DAY_US = 86_400 * MICROS
@@ -129,19 +128,6 @@ class Example(NamedTuple):
     edge_id: str
     seq: int
     threshold: float | None
-
-
-def failure_kind(event: str) -> str | None:
-    """The failure kind of an event text, or ``None`` when it is no failure.
-
-    >>> failure_kind("failure:bearing"), failure_kind("failure"), failure_kind("error:E7")
-    ('bearing', 'failure', None)
-    """
-    if event == ANY_FAILURE:
-        return ANY_FAILURE
-    if event.startswith(ANY_FAILURE + ":"):
-        return event.split(":", 1)[1]
-    return None
 
 
 def label(prediction: StoredPrediction, failures: list[tuple[int, str]], watermark_us: int | None) -> Example | None:

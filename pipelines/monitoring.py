@@ -38,10 +38,11 @@ import pyarrow as pa
 from apache_beam.transforms.window import GlobalWindows, SlidingWindows, TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
+from contracts.outcomes import ANY_FAILURE, OK
 from pipelines.drift import DriftReference, psi, risk_bin, shares
 from pipelines.engines import LOCAL, EngineSettings, engine
-from pipelines.labeling import ANY_FAILURE, OK, StoredEvent, StoredPrediction, dataset_glob
 from pipelines.labeling import ReadParquetRows as ReadStoreRows
+from pipelines.labeling import StoredEvent, StoredPrediction, dataset_glob
 from pipelines.records import MICROS, from_micros, to_micros
 from pipelines.settings import PipelineSettings
 from pipelines.snapshot import take_snapshot

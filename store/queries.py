@@ -45,10 +45,8 @@ import duckdb
 from contracts.alerting import DEFAULT_THRESHOLD, AlertRule
 from contracts.durations import parse_duration
 from contracts.formats import parse_timestamp
+from contracts.outcomes import ANY_FAILURE
 from store.db import StoreBusy, connect
-
-ANY_FAILURE = "failure"
-"""The kind under which the monitoring pipeline scores any failure at all."""
 
 ELEVATED_LOOKBACK = timedelta(days=7)
 """How far back "at risk since" looks for the start of a machine's current run of risky windows."""

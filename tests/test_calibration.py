@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from contracts.outcomes import ANY_FAILURE
 from models.calibration import (
     IDENTITY,
     MIN_POSITIVES,
@@ -32,7 +33,7 @@ from models.model import TorchScorer, read_meta
 from models.outcome import pack_sequences, risks_from_logits
 from models.registry import ArtifactError, ModelRegistry, TamperedArtifactError, sign_artifact
 from models.runtime import LMScorer
-from models.scoring import ANY_FAILURE, Window
+from models.scoring import Window
 from models.signing import generate_keypair, load_private_key, load_public_keys
 from models.tokenizer import TelemetryTokenizer
 from models.train import TrainSettings, train

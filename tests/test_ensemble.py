@@ -10,6 +10,7 @@ import onnx
 import pytest
 import torch
 
+from contracts.outcomes import ANY_FAILURE
 from models.dataset import Fleet, WindowSpec, build_windows
 from models.export import MODEL_FILE, OUTPUT_NAME
 from models.model import (
@@ -23,7 +24,6 @@ from models.model import (
     member_folders,
 )
 from models.runtime import LMScorer
-from models.scoring import ANY_FAILURE
 from models.signing import load_public_keys
 from models.train import TrainSettings, train
 from tests.test_lm_training import TINY, train_signed, write_tiny_fleet

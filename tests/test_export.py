@@ -19,6 +19,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from contracts.outcomes import ANY_FAILURE
 from models.export import (
     FP32_MODEL_FILE,
     MODEL_FILE,
@@ -36,7 +37,7 @@ from models.model import CheckpointMeta, save_checkpoint
 from models.outcome import pack_sequences, risks_from_logits
 from models.registry import verify_artifact
 from models.runtime import LMScorer
-from models.scoring import ANY_FAILURE, Scorer, Window
+from models.scoring import Scorer, Window
 from models.signing import generate_keypair, load_public_keys
 from models.tokenizer import TelemetryTokenizer, TokenizerSettings
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from contracts.outcomes import ANY_FAILURE
 from models.dataset import Fleet, LabeledWindow, WindowSpec, build_windows
 from models.evaluate import average_precision
 from models.export import VALUES_INPUT, LastTokenLogits
@@ -24,7 +25,6 @@ from models.model import (
 )
 from models.outcome import pack_sequences
 from models.runtime import LMScorer
-from models.scoring import ANY_FAILURE
 from models.signing import load_public_keys
 from models.tokenizer import TelemetryTokenizer
 from models.train import EncodedWindows, TrainSettings, hide_readings
