@@ -34,6 +34,7 @@ from contracts.formats import RowError, read_machines
 from contracts.messages import ContractError, EdgeEvent, Event, Heartbeat, Prediction, TelemetryReading, validate
 from edge_agent.checkpoint import WindowCheckpoint, position_writer, read_positions
 from edge_agent.config import EdgeConfig
+from edge_agent.flow_meter import FlowMeter
 from edge_agent.identity import EdgeIdentity, agent_build
 from edge_agent.outbox import Outbox
 from edge_agent.publisher import Sink
@@ -43,6 +44,7 @@ from edge_agent.scorers import RunningModel, ScorerSlot
 from edge_agent.sequence import SequenceCounter
 from edge_agent.telemetry_source import Item, SourceBatch
 from edge_agent.windows import WindowBuilder
+from infra.energy import Rapl
 from models.scoring import Scorer, Window
 
 log = logging.getLogger("precursor.edge")
@@ -127,6 +129,7 @@ class EdgeAgent:
         self.allowed_machines = self._allowed_machines()
         self.stats = AgentStats()
         self.latency = LatencyRecorder()
+        self.flow = FlowMeter(rapl=Rapl.open())  # what the heartbeats report as flow
         self.batch_size = batch_size
         self._max_future = config.input.max_future.total_seconds()
         self._pending: list[tuple[Window, float]] = []
@@ -406,8 +409,14 @@ class EdgeAgent:
         windows = [w for w, _ in pending]
         while True:
             running = self.slot.running
+            started, cpu_started = time.perf_counter(), time.process_time()
             try:
                 risks = running.scorer.score_many(windows)
+                self.flow.scored(
+                    windows=len(windows),
+                    wall_s=time.perf_counter() - started,
+                    cpu_s=time.process_time() - cpu_started,
+                )
                 break
             except Exception as err:  # a model that fails at run time: roll back rather than stop predicting
                 reason = f"{type(err).__name__}: {err}"
@@ -474,7 +483,8 @@ class EdgeAgent:
     # --- heartbeat ----------------------------------------------------------------------------------------------
 
     def heartbeat(self, *, health: Health, outbox_depth: int, lag_s: float) -> Heartbeat:
-        """Stage a heartbeat: the running model, the outbox depth and lag, health. Sent with the next commit."""
+        """Stage a heartbeat: the running model, the outbox depth and lag, health, and what flowed through the agent
+        since the last one. Sent with the next commit."""
         running = self.slot.running
         message = Heartbeat(
             edge_id=self.config.edge_id,
@@ -488,6 +498,9 @@ class EdgeAgent:
             health=health,
             machines=self.windows.machines,
             agent=agent_build(),
+            flow=self.flow.report(
+                readings=self.stats.readings, windows=self.windows.emitted, predictions=self.stats.predictions
+            ),
         )
         if self.identity is not None:
             message = self.identity.sign(message)
