@@ -2,7 +2,8 @@
 
 source batch -> readings -> WindowBuilder -> (at commit) Scorer.score_many -> Prediction ─┐
 source batch -> events ──────────────────────────────────────────────────── EdgeEvent ───┼─> Outbox (SQLite) -> Kafka
-heartbeat ────────────────────────────────────────────────────────────────── Heartbeat ──┘
+heartbeat ────────────────────────────────────────────────────────────────── Heartbeat ──┤
+WindowBuilder boundaries -> TelemetrySummarizer (opt-in) ────────────── TelemetrySummary ─┘
 bad records, future timestamps, unknown machines -> Quarantine (a file and a counter per kind)
 
 A *commit* scores the windows completed since the last one, then writes in one transaction the predictions, events,
@@ -31,7 +32,17 @@ from typing import Any, Literal
 import numpy as np
 
 from contracts.formats import RowError, read_machines
-from contracts.messages import ContractError, EdgeEvent, Event, Heartbeat, Prediction, TelemetryReading, validate
+from contracts.messages import (
+    MAX_SUMMARY_SENSORS,
+    ContractError,
+    EdgeEvent,
+    Event,
+    Heartbeat,
+    Prediction,
+    TelemetryReading,
+    TelemetrySummary,
+    validate,
+)
 from edge_agent.checkpoint import WindowCheckpoint, position_writer, read_positions
 from edge_agent.config import EdgeConfig
 from edge_agent.flow_meter import FlowMeter
@@ -42,6 +53,7 @@ from edge_agent.quarantine import Quarantine
 from edge_agent.records import Reading
 from edge_agent.scorers import RunningModel, ScorerSlot
 from edge_agent.sequence import SequenceCounter
+from edge_agent.summaries import PeriodSummary, TelemetrySummarizer
 from edge_agent.telemetry_source import Item, SourceBatch
 from edge_agent.windows import WindowBuilder
 from infra.energy import Rapl
@@ -62,6 +74,7 @@ class AgentStats:
     predictions: int = 0
     quarantined: int = 0
     heartbeats: int = 0
+    summaries: int = 0
     commits: int = 0
     scoring_errors: int = 0
 
@@ -124,7 +137,9 @@ class EdgeAgent:
         else:
             self.outbox, self.sink, self.checkpoint = None, sink, None
             self._next_seq = SequenceCounter(config.state_dir / f"{config.edge_id}.seq").next
-        self.windows = WindowBuilder(config.window, attributes, journal=self.checkpoint)
+        interval = config.summary_interval
+        self.summarizer = None if interval is None else TelemetrySummarizer(int(interval.total_seconds()))
+        self.windows = WindowBuilder(config.window, attributes, journal=self.checkpoint, observer=self.summarizer)
         self.quarantine = Quarantine(config.state_dir / "quarantine.jsonl", max_bytes=config.quarantine.max_bytes)
         self.allowed_machines = self._allowed_machines()
         self.stats = AgentStats()
@@ -346,7 +361,7 @@ class EdgeAgent:
                 )
             )
 
-    def _send(self, message: Prediction | EdgeEvent | Heartbeat) -> None:
+    def _send(self, message: Prediction | EdgeEvent | Heartbeat | TelemetrySummary) -> None:
         if self.outbox is not None:
             self.outbox.stage(message)
         else:
@@ -367,6 +382,7 @@ class EdgeAgent:
     def commit(self) -> list[tuple[str, Any]]:
         """Score what is pending and make it durable; returns the acks the sources may now send (source, ack)."""
         self._score_pending()
+        self._send_summaries()
         if self.outbox is not None and self.checkpoint is not None:
             checkpoint = self.checkpoint
             writers: list[Callable[[Any], None]] = [checkpoint.write]
@@ -474,6 +490,37 @@ class EdgeAgent:
         except ContractError as err:
             self._quarantine(window.machine_id, repr(risk), str(err), "scorer", held=False)
             return None
+
+    def _send_summaries(self) -> None:
+        """Stage the telemetry summaries of the periods that ended since the last commit: in this commit, with the
+        window journal's boundaries they were cut at, so a restart neither repeats nor skips one."""
+        if self.summarizer is None:
+            return
+        for summary in self.summarizer.take():
+            for message in self._summary_messages(summary):
+                self._send(message)
+                self.stats.summaries += 1
+
+    def _summary_messages(self, summary: PeriodSummary) -> list[TelemetrySummary]:
+        """The period as messages: one, or one per MAX_SUMMARY_SENSORS sensors; none for readings without values."""
+        names = sorted(summary.sensors)
+        messages = []
+        for first in range(0, len(names), MAX_SUMMARY_SENSORS):
+            sensors = {n: summary.sensors[n] for n in names[first : first + MAX_SUMMARY_SENSORS]}
+            fields = {
+                "edge_id": self.config.edge_id,
+                "seq": self._next_seq(),
+                "machine_id": summary.machine_id,
+                "window_start": datetime.fromtimestamp(summary.start, UTC),
+                "window_end": datetime.fromtimestamp(summary.end, UTC),
+                "readings": summary.readings,
+                "sensors": {n: s.as_dict() for n, s in sensors.items()},
+            }
+            try:
+                messages.append(validate(TelemetrySummary, fields))
+            except ContractError as err:  # not expected of admitted readings; quarantined rather than lost silently
+                self._quarantine(summary.machine_id, repr(fields)[:200], str(err), "summary", held=False)
+        return messages
 
     def recent_windows(self) -> list[Window]:
         """The latest windows scored (for a new model's self-test); safe to call from another thread."""

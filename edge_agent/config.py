@@ -210,6 +210,21 @@ class WindowSpec(_Strict):
         return self
 
 
+class TelemetrySummarySpec(_Strict):
+    """Per-sensor summaries of each machine's readings (mean, min, max, last value and count per period) sent to
+    ``<prefix>.telemetry``, for the dashboard's sensor lines. Off unless turned on; the raw readings stay at the edge
+    either way.
+
+    Periods lie on multiples of ``interval`` since the epoch, so a machine sends at most one summary per interval.
+    ``interval`` defaults to ``window.every``; it must be a whole multiple of it and at most ``window.length`` (the
+    edge holds no reading older than one window, and a summary counts every reading of its period, each reading in
+    one summary).
+    """
+
+    enabled: bool = False
+    interval: Duration | None = Field(None, description="one summary per machine per interval; default window.every")
+
+
 class ModelSpec(_Strict):
     """Which scorer runs first: the telemetry language model (``lm``) or the drift baseline (``drift-zscore``).
 
@@ -255,8 +270,9 @@ class UpdatesSpec(_Strict):
 class OutboxSpec(_Strict):
     """The durable outbox: everything the agent sends is committed here first and deleted once Kafka acknowledged it.
 
-    When queued messages reach ``max_bytes`` the oldest are dropped, lowest value first: heartbeats, then
-    predictions, then events (failures and maintenance are the labels retraining needs); each drop is counted.
+    When queued messages reach ``max_bytes`` the oldest are dropped, lowest value first: telemetry summaries, then
+    heartbeats, then predictions, then events (failures and maintenance are the labels retraining needs); each drop
+    is counted.
     ``durability: process`` survives a crash of the agent; ``power`` also a power cut (an fsync per commit).
     """
 
@@ -321,6 +337,7 @@ class EdgeConfig(_Strict):
     heartbeat: HeartbeatSpec = Field(default_factory=HeartbeatSpec)
     log: LogSpec = Field(default_factory=LogSpec)
     quarantine: QuarantineSpec = Field(default_factory=QuarantineSpec)
+    telemetry_summaries: TelemetrySummarySpec = Field(default_factory=TelemetrySummarySpec)
     state_dir: Path = Field(
         default_factory=lambda: _default_state_dir(),
         description="sequence numbers, outbox, quarantine, updated models; default <PRECURSOR_STATE_DIR>/edge "
@@ -337,6 +354,25 @@ class EdgeConfig(_Strict):
         if repeated:
             raise ValueError(f"sources must have distinct names (set `name:`); repeated: {', '.join(repeated)}")
         return self
+
+    @model_validator(mode="after")
+    def _summary_interval_fits_the_window(self) -> EdgeConfig:
+        interval = self.telemetry_summaries.interval
+        if interval is None:
+            return self
+        every, length = self.window.every, self.window.length
+        if interval % every or interval > max(length, every):
+            raise ValueError(
+                f"telemetry_summaries.interval={interval} must be a whole multiple of window.every={every} and at "
+                f"most window.length={length}: the edge holds no reading older than one window"
+            )
+        return self
+
+    @property
+    def summary_interval(self) -> timedelta | None:
+        """How often each machine sends a telemetry summary; None when summaries are off."""
+        spec = self.telemetry_summaries
+        return (spec.interval or self.window.every) if spec.enabled else None
 
     @property
     def updates_active(self) -> bool:

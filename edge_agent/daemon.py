@@ -117,7 +117,16 @@ class AgentDaemon:
             config, self.slot, self.outbox, attributes=attributes, batch_size=config.model.max_batch, identity=identity
         )
         self.positions = self.agent.restore()
-        self.sender = OutboxSender(self.outbox, config.kafka, batch=config.outbox.send_batch) if send else None
+        self.sender = (
+            OutboxSender(
+                self.outbox,
+                config.kafka,
+                batch=config.outbox.send_batch,
+                summaries=config.telemetry_summaries.enabled,
+            )
+            if send
+            else None
+        )
         self.updater: ModelUpdater | None = None
         self.follower: UpdateFollower | None = None
         if config.updates_active:

@@ -1,13 +1,14 @@
-"""The durable outbox: every prediction, event and heartbeat is committed to local SQLite before it is sent, and
-deleted only once Kafka acknowledged it (``acks=all``).
+"""The durable outbox: every prediction, event, heartbeat and telemetry summary is committed to local SQLite before
+it is sent, and deleted only once Kafka acknowledged it (``acks=all``).
 
 - Sequence numbers are assigned here, from a counter committed in the same transaction as the messages: a message
   keeps its ``(edge_id, seq)`` through any number of resends and restarts, so consumers drop the duplicates a resend
   makes. A number taken but never committed (the agent died first) is reused; it never left the machine.
 - While the broker is unreachable the agent keeps predicting and the outbox grows up to ``max_bytes`` of queued
-  messages. Past that, the oldest messages are dropped, lowest value first: heartbeats (only the latest matters),
-  then predictions (an old risk estimate is the least actionable thing here), then events (failures and maintenance
-  are the labels retraining needs). Every drop is counted per kind, and the counts survive restarts.
+  messages. Past that, the oldest messages are dropped, lowest value first: telemetry summaries (sensor lines for
+  the dashboard), heartbeats (only the latest matters), then predictions (an old risk estimate is the least
+  actionable thing here), then events (failures and maintenance are the labels retraining needs). Every drop is
+  counted per kind, and the counts survive restarts.
 
 >>> import tempfile, pathlib
 >>> from contracts.messages import Heartbeat
@@ -30,29 +31,31 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts.messages import EdgeEvent, Heartbeat, Prediction, encode
+from contracts.messages import EdgeEvent, Heartbeat, Prediction, TelemetrySummary, encode
 from edge_agent.statedb import Durability, open_state_db
 
 log = logging.getLogger("precursor.edge.outbox")
 
-DROP_ORDER = ("heartbeat", "prediction", "event")
+DROP_ORDER = ("telemetry", "heartbeat", "prediction", "event")
 """What goes first when the outbox is full, oldest first within a kind."""
 ROW_OVERHEAD = 64
 """Bytes counted per message beside its value: key, kind, sequence number and page overhead, roughly."""
 _NEXT_SEQ = "next_seq"
 _CHUNK = 500
 
-OutboxMessage = Prediction | EdgeEvent | Heartbeat
+OutboxMessage = Prediction | EdgeEvent | Heartbeat | TelemetrySummary
 
 
 def message_kind(message: OutboxMessage) -> tuple[str, str]:
-    """(kind, Kafka key): predictions and events keyed by machine, heartbeats by edge."""
+    """(kind, Kafka key): predictions, events and telemetry summaries keyed by machine, heartbeats by edge."""
     if isinstance(message, Prediction):
         return "prediction", message.machine_id
     if isinstance(message, EdgeEvent):
         return "event", message.machine_id
     if isinstance(message, Heartbeat):
         return "heartbeat", message.edge_id
+    if isinstance(message, TelemetrySummary):
+        return "telemetry", message.machine_id
     raise TypeError(f"the edge does not send {type(message).__name__} messages")
 
 

@@ -8,7 +8,7 @@ from typing import Protocol
 from kafka import KafkaProducer
 from kafka.producer.future import FutureRecordMetadata
 
-from contracts.messages import EdgeEvent, Heartbeat, Message, Prediction, encode
+from contracts.messages import EdgeEvent, Heartbeat, Message, Prediction, TelemetrySummary, encode
 from contracts.settings import KafkaSettings
 from infra.kafka_admin import check_reachable, missing_topics
 
@@ -16,7 +16,7 @@ from infra.kafka_admin import check_reachable, missing_topics
 class Sink(Protocol):
     """Where an agent's messages go. The Kafka publisher in production; a list in unit tests."""
 
-    def send(self, message: Prediction | EdgeEvent | Heartbeat) -> None: ...
+    def send(self, message: Prediction | EdgeEvent | Heartbeat | TelemetrySummary) -> None: ...
 
     def flush(self) -> None: ...
 
@@ -37,10 +37,10 @@ class TopicsMissing(ConnectionError):
         )
 
 
-def edge_topics(settings: KafkaSettings) -> list[str]:
-    """The topics an edge writes to."""
+def edge_topics(settings: KafkaSettings, *, summaries: bool = False) -> list[str]:
+    """The topics an edge writes to; the telemetry topic only where it sends telemetry summaries (opt-in)."""
     topics = settings.topics
-    return [topics.predictions, topics.events, topics.heartbeats]
+    return [topics.predictions, topics.events, topics.heartbeats] + ([topics.telemetry] if summaries else [])
 
 
 def check_topics(settings: KafkaSettings, topics: Sequence[str], timeout_s: float = 5.0) -> None:
@@ -51,11 +51,12 @@ def check_topics(settings: KafkaSettings, topics: Sequence[str], timeout_s: floa
 
 
 class KafkaPublisher:
-    """Predictions and events keyed by machine_id, heartbeats by edge_id. ``flush`` raises if any send failed."""
+    """Predictions, events and telemetry summaries keyed by machine_id, heartbeats by edge_id. ``flush`` raises if
+    any send failed. ``summaries``: the edge sends telemetry summaries, so their topic must be there too."""
 
-    def __init__(self, settings: KafkaSettings, *, linger_ms: int = 20) -> None:
+    def __init__(self, settings: KafkaSettings, *, linger_ms: int = 20, summaries: bool = False) -> None:
         check_reachable(settings.servers)
-        check_topics(settings, edge_topics(settings))
+        check_topics(settings, edge_topics(settings, summaries=summaries))
         self.topics = settings.topics
         self._producer = KafkaProducer(
             **settings.client_kwargs(),
@@ -74,9 +75,11 @@ class KafkaPublisher:
             return self.topics.events, message.machine_id
         if isinstance(message, Heartbeat):
             return self.topics.heartbeats, message.edge_id
+        if isinstance(message, TelemetrySummary):
+            return self.topics.telemetry, message.machine_id
         raise TypeError(f"the edge does not publish {type(message).__name__} messages")
 
-    def send(self, message: Prediction | EdgeEvent | Heartbeat) -> None:
+    def send(self, message: Prediction | EdgeEvent | Heartbeat | TelemetrySummary) -> None:
         topic, key = self._topic_and_key(message)
         self._pending.append(self._producer.send(topic, key=key.encode(), value=encode(message)))
         if len(self._pending) >= 10_000:

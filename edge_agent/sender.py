@@ -67,7 +67,12 @@ _MISSING_TOPIC_REPEATS = _RepeatedMissingTopic()
 
 def topic_for(settings: KafkaSettings) -> Callable[[str], str]:
     topics = settings.topics
-    by_kind = {"prediction": topics.predictions, "event": topics.events, "heartbeat": topics.heartbeats}
+    by_kind = {
+        "prediction": topics.predictions,
+        "event": topics.events,
+        "heartbeat": topics.heartbeats,
+        "telemetry": topics.telemetry,
+    }
     return by_kind.__getitem__
 
 
@@ -82,15 +87,18 @@ class OutboxSender(threading.Thread):
         producer_factory: Callable[[], Any] | None = None,
         idle_probe_s: float = IDLE_PROBE_S,
         topics_check: Callable[[], None] | None = None,
+        summaries: bool = False,
     ) -> None:
         """``producer_factory`` stands in for Kafka in unit tests; such a stand-in has no cluster to ask for topics,
-        so then the topics are checked only by ``topics_check`` (which raises :class:`TopicsMissing`), if given."""
+        so then the topics are checked only by ``topics_check`` (which raises :class:`TopicsMissing`), if given.
+        ``summaries``: the outbox holds telemetry summaries, so their topic is checked too."""
         super().__init__(name="outbox-sender", daemon=True)
         self.outbox = outbox
         self.settings = settings
         self.batch = batch
         self.send_timeout_s = send_timeout_s
         self.topic = topic_for(settings)
+        self._topics = edge_topics(settings, summaries=summaries)
         self._producer_factory = producer_factory or self._new_producer
         if topics_check is None and producer_factory is None:
             topics_check = self._check_topics
@@ -122,7 +130,7 @@ class OutboxSender(threading.Thread):
         )
 
     def _check_topics(self) -> None:
-        check_topics(self.settings, edge_topics(self.settings), timeout_s=min(self.send_timeout_s, 5.0))
+        check_topics(self.settings, self._topics, timeout_s=min(self.send_timeout_s, 5.0))
 
     def stop(self) -> None:
         self._stopping.set()

@@ -50,6 +50,42 @@ class WindowJournal(Protocol):
     def event(self, event: Event) -> None: ...
 
 
+class BoundaryObserver(Protocol):
+    """Shown a machine's held readings each time the builder passes one of its boundaries, before the builder
+    forgets the ones no later window needs (:class:`~edge_agent.summaries.TelemetrySummarizer` is one).
+
+    ``previous`` is the boundary passed before (None for the machine's first), as the journal keeps it; every held
+    reading is earlier than ``boundary``. The lists are the builder's own: read them, never keep or change them.
+    """
+
+    def passed(
+        self,
+        machine_id: str,
+        previous: int | None,
+        boundary: int,
+        times: list[float],
+        rows: list[tuple[float, ...]],
+        layouts: list[tuple[str, ...]],
+    ) -> None: ...
+
+
+def value_matrix(
+    rows: list[tuple[float, ...]], layouts: list[tuple[str, ...]], dtype: type = np.float32
+) -> tuple[tuple[str, ...], np.ndarray]:
+    """(sensors, values) of readings that may have different sensors: one column per sensor, NaN where missing."""
+    first = layouts[0]
+    if all(layout is first or layout == first for layout in layouts):
+        # The values as one flat stream: cheaper than numpy working out the shape of a list of tuples.
+        flat = np.fromiter(chain.from_iterable(rows), dtype=dtype, count=len(rows) * len(first))
+        return first, flat.reshape(len(rows), len(first))
+    sensors = tuple(sorted({name for layout in layouts for name in layout}))
+    col = {name: j for j, name in enumerate(sensors)}
+    values = np.full((len(rows), len(sensors)), np.nan, dtype=dtype)
+    for r, (layout, row) in enumerate(zip(layouts, rows, strict=True)):
+        values[r, [col[name] for name in layout]] = row
+    return sensors, values
+
+
 @dataclass(slots=True)
 class _MachineState:
     # Parallel lists rather than the Reading tuples themselves: a NamedTuple instance stays tracked by the garbage
@@ -88,9 +124,11 @@ class WindowBuilder:
         spec: WindowSpec,
         attributes: Mapping[str, Mapping[str, str]] | None = None,
         journal: WindowJournal | None = None,
+        observer: BoundaryObserver | None = None,
     ) -> None:
         self.spec = spec
         self.journal = journal
+        self.observer = observer
         self._length = int(spec.length.total_seconds())
         self._every = int(spec.every.total_seconds())
         self._lookback = int(spec.event_lookback.total_seconds())
@@ -245,11 +283,13 @@ class WindowBuilder:
             self.journal = journal
 
     def _emit(self, machine_id: str, state: _MachineState, boundary: int) -> Window | None:
-        state.emitted_until = boundary
+        previous, state.emitted_until = state.emitted_until, boundary
         if self.journal is not None:
             self.journal.emitted(machine_id, boundary)
         start = boundary - self._length
         times = state.times
+        if self.observer is not None:
+            self.observer.passed(machine_id, previous, boundary, times, state.rows, state.layouts)
         lo = bisect.bisect_left(times, start)
         hi = bisect.bisect_left(times, boundary)
         window_times, rows, layouts = times[lo:hi], state.rows[lo:hi], state.layouts[lo:hi]
@@ -260,19 +300,7 @@ class WindowBuilder:
         if len(window_times) < self.spec.min_points:
             return None
         self.emitted += 1
-        first = layouts[0]
-        if all(layout is first or layout == first for layout in layouts):
-            sensors = first
-            # The values as one flat stream: cheaper than numpy working out the shape of a list of tuples.
-            values = np.fromiter(chain.from_iterable(rows), dtype=np.float32, count=len(rows) * len(first)).reshape(
-                len(rows), len(first)
-            )
-        else:
-            sensors = tuple(sorted({name for layout in layouts for name in layout}))
-            col = {name: j for j, name in enumerate(sensors)}
-            values = np.full((len(rows), len(sensors)), np.nan, dtype=np.float32)
-            for r, (layout, row) in enumerate(zip(layouts, rows, strict=True)):
-                values[r, [col[name] for name in layout]] = row
+        sensors, values = value_matrix(rows, layouts)
         end = datetime.fromtimestamp(boundary, UTC)
         context = [e for e in state.events if e.timestamp < end]
         for e in state.last_maintenance.values():

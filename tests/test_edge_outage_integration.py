@@ -97,4 +97,4 @@ def test_kafka_down_for_30_seconds_every_prediction_reaches_the_store_exactly_on
     assert len(rows) == len(windows) == daemon.agent.stats.predictions  # no window stored twice
     assert windows == expected  # and none missing
     assert outage_seqs <= {seq for _, _, seq in rows}
-    assert daemon.outbox.dropped == {"heartbeat": 0, "prediction": 0, "event": 0}
+    assert daemon.outbox.dropped == {"telemetry": 0, "heartbeat": 0, "prediction": 0, "event": 0}

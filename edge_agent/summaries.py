@@ -1,0 +1,118 @@
+"""Telemetry summaries: what each sensor of a machine did per period (mean, min, max, last value, count), for the
+dashboard's sensor lines. They go to ``<prefix>.telemetry``; the raw readings stay at the edge.
+
+Periods lie on multiples of ``interval`` since the epoch. The window builder shows the summarizer a machine's held
+readings whenever it passes one of the machine's boundaries (:class:`~edge_agent.windows.BoundaryObserver`); the
+summarizer then summarizes the periods that ended since the boundary before, so a machine sends at most one summary
+per interval, and each reading it accepted lands in exactly one summary. That previous boundary is what the window
+journal keeps, and the summaries are committed with it: after a restart no period is summarized twice or skipped.
+
+A period's summary waits for the machine's next boundary at or after its end (for the reading that passes it), as a
+window does. Periods without readings send nothing; a sensor without a value in a period is left out of it.
+
+>>> summarizer = TelemetrySummarizer(interval_s=60)
+>>> times = [0.0, 20.0, 40.0, 60.0]
+>>> rows = [(1.0, 5.0), (3.0, float("nan")), (2.0, 7.0), (9.0, 9.0)]
+>>> summarizer.passed("m-1", None, 60, times, rows, [("a", "b")] * 4)
+>>> [summary] = summarizer.take()
+>>> summary.start, summary.end, summary.readings
+(0, 60, 3)
+>>> summary.sensors["a"], summary.sensors["b"]
+(SensorStats(mean=2.0, min=1.0, max=3.0, last=2.0, count=3), SensorStats(mean=6.0, min=5.0, max=7.0, last=7.0, count=2))
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge_agent.windows import value_matrix
+
+
+@dataclass(frozen=True, slots=True)
+class SensorStats:
+    mean: float
+    min: float
+    max: float
+    last: float
+    count: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {"mean": self.mean, "min": self.min, "max": self.max, "last": self.last, "count": self.count}
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodSummary:
+    """One machine's readings over ``[start, end)`` (epoch seconds), per sensor."""
+
+    machine_id: str
+    start: int
+    end: int
+    readings: int
+    sensors: dict[str, SensorStats]
+
+
+class TelemetrySummarizer:
+    """A :class:`~edge_agent.windows.BoundaryObserver` that collects the summaries of the periods that ended; the
+    agent :meth:`take` s them at each commit."""
+
+    def __init__(self, interval_s: int) -> None:
+        if interval_s < 1:
+            raise ValueError(f"interval_s={interval_s}: a summary period must be at least one second")
+        self.interval_s = interval_s
+        self._ready: list[PeriodSummary] = []
+
+    def passed(
+        self,
+        machine_id: str,
+        previous: int | None,
+        boundary: int,
+        times: list[float],
+        rows: list[tuple[float, ...]],
+        layouts: list[tuple[str, ...]],
+    ) -> None:
+        step = self.interval_s
+        until = boundary // step * step  # periods ending at or before the boundary are complete
+        if previous is None:
+            lo = 0
+        else:
+            done = previous // step * step  # periods ending at or before the previous boundary were summarized then
+            if until <= done:
+                return
+            lo = bisect.bisect_left(times, done)
+        hi = bisect.bisect_left(times, until)
+        while lo < hi:
+            period = int(times[lo] // step)
+            end = bisect.bisect_left(times, (period + 1) * step, lo, hi)
+            self._ready.append(summarize(machine_id, period * step, step, rows[lo:end], layouts[lo:end]))
+            lo = end
+
+    def take(self) -> list[PeriodSummary]:
+        """The summaries collected since the last take, oldest period first per machine."""
+        ready, self._ready = self._ready, []
+        return ready
+
+
+def summarize(
+    machine_id: str, start: int, length: int, rows: list[tuple[float, ...]], layouts: list[tuple[str, ...]]
+) -> PeriodSummary:
+    """The summary of one period's readings (in time order, NaN for a missing value)."""
+    sensors, values = value_matrix(rows, layouts, np.float64)
+    present = ~np.isnan(values)  # (T, S)
+    count = present.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(present, values, 0.0).sum(axis=0) / count
+    low = np.where(present, values, np.inf).min(axis=0)
+    high = np.where(present, values, -np.inf).max(axis=0)
+    newest = len(values) - 1 - np.argmax(present[::-1], axis=0)  # the last row with a value, per sensor
+    last = values[newest, np.arange(len(sensors))]
+    # A float sum can put the mean of equal values a rounding step past them; the mean lies between min and max.
+    mean = np.clip(mean, low, high)
+    stats = {
+        name: SensorStats(float(mean[j]), float(low[j]), float(high[j]), float(last[j]), int(count[j]))
+        for j, name in enumerate(sensors)
+        if count[j]
+    }
+    return PeriodSummary(machine_id, start, start + length, len(rows), stats)
