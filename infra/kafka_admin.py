@@ -13,27 +13,40 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TypeVar
 
 from kafka.admin import (
     ACL,
     ACLOperation,
     ACLPermissionType,
     KafkaAdminClient,
+    OffsetSpec,
     ResourcePattern,
     ResourceType,
     ScramMechanism,
     UserScramCredentialUpsertion,
 )
-from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError, for_code
+from kafka.errors import (
+    CoordinatorLoadInProgressError,
+    CoordinatorNotAvailableError,
+    KafkaError,
+    KafkaTimeoutError,
+    NotCoordinatorError,
+    TopicAlreadyExistsError,
+    for_code,
+)
+from kafka.structs import OffsetAndMetadata, TopicPartition
 from pydantic import SecretStr
 
 from contracts.settings import KafkaSettings
 from contracts.topics import Topics, TopicSpec
 
 DEFAULT_KAFKA_PORT = 9092
+T = TypeVar("T")
 
 
 class TopicSetupError(RuntimeError):
@@ -351,3 +364,118 @@ def grant_acls(settings: KafkaSettings, acls: Iterable[ACL], *, timeout_s: float
         result = admin.create_acls(wanted)
     if result["failed"]:
         raise AccessSetupError(f"the cluster refused {len(result['failed'])} ACLs: {result['failed']}")
+
+
+def _coordinated(call: Callable[[], T], timeout_s: float) -> T:
+    """``call``, retried while the group coordinator is not ready: a fresh cluster creates its offsets topic on the
+    first group request and answers "coordinator not available" until it has."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except (CoordinatorNotAvailableError, CoordinatorLoadInProgressError, NotCoordinatorError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@dataclass(frozen=True)
+class TopicBacklog:
+    """One topic as a consumer group sees it: what it holds, how far the group got, and how fast records arrive.
+
+    ``lag`` counts records past the group's committed offsets (from the earliest retained record where the group
+    committed none); ``produced`` counts records appended in the last ``window_s`` seconds, by broker timestamp.
+    """
+
+    topic: str
+    partitions: int
+    end: int
+    committed: int
+    lag: int
+    produced: int
+    window_s: float
+    last_produced_at: datetime | None
+
+    @property
+    def produced_per_s(self) -> float:
+        return self.produced / self.window_s if self.window_s > 0 else 0.0
+
+
+def consumer_lag(
+    settings: KafkaSettings,
+    group: str,
+    topics: Sequence[str],
+    *,
+    window_s: float = 60.0,
+    now: datetime | None = None,
+    timeout_s: float = 5.0,
+) -> list[TopicBacklog]:
+    """Per topic: the group's lag and the records appended in the last ``window_s``, through one admin client.
+
+    A topic the cluster lacks raises :class:`KafkaError` naming it.
+    """
+    now = now or datetime.now(UTC)
+    since_ms = int(now.timestamp() * 1000 - window_s * 1000)
+    with admin_client(settings, timeout_s) as admin:
+        described = admin.describe_topics(list(topics))
+        partitions: dict[str, list[TopicPartition]] = {}
+        for entry in described:
+            name = entry["name"]
+            if not entry.get("error_code"):
+                partitions[name] = [TopicPartition(name, p["partition_index"]) for p in entry["partitions"]]
+        missing = [t for t in topics if not partitions.get(t)]
+        if missing:
+            raise KafkaError(f"no topic {', '.join(missing)} on {settings.bootstrap_servers}")
+        tps = [tp for t in topics for tp in partitions[t]]
+        latest = admin.list_partition_offsets(dict.fromkeys(tps, OffsetSpec.LATEST))
+        earliest = admin.list_partition_offsets(dict.fromkeys(tps, OffsetSpec.EARLIEST))
+        newest = admin.list_partition_offsets(dict.fromkeys(tps, OffsetSpec.MAX_TIMESTAMP))
+        recent = admin.list_partition_offsets(dict.fromkeys(tps, since_ms))
+        committed = _coordinated(lambda: admin.list_group_offsets({group: tps}).get(group, {}), timeout_s)
+    out = []
+    for topic in topics:
+        end = done = lag = produced = 0
+        last_ms = -1
+        for tp in partitions[topic]:
+            tail, head = latest[tp].offset, earliest[tp].offset
+            mark = committed.get(tp)
+            position = mark.offset if mark is not None and mark.offset >= 0 else head
+            since = recent[tp].offset
+            end += tail
+            done += min(max(position, head), tail)
+            lag += max(0, tail - max(position, head))
+            produced += 0 if since < 0 else max(0, tail - since)  # -1: nothing at or after the window's start
+            if newest[tp].offset >= 0:
+                last_ms = max(last_ms, newest[tp].timestamp)
+        out.append(
+            TopicBacklog(
+                topic=topic,
+                partitions=len(partitions[topic]),
+                end=end,
+                committed=done,
+                lag=lag,
+                produced=produced,
+                window_s=window_s,
+                last_produced_at=None if last_ms < 0 else datetime.fromtimestamp(last_ms / 1000, UTC),
+            )
+        )
+    return out
+
+
+def commit_group_offsets(
+    settings: KafkaSettings, group: str, offsets: Mapping[tuple[str, int], int], *, timeout_s: float = 10.0
+) -> None:
+    """Record ``(topic, partition) -> next offset`` as ``group``'s committed offsets, so Kafka's own tools (and
+    :func:`consumer_lag`) see how far a consumer that keeps its offsets elsewhere got. The group must have no active
+    members: a consumer that commits this way reads without joining it."""
+    if not offsets:
+        return
+    request = {TopicPartition(t, p): OffsetAndMetadata(o, "", -1) for (t, p), o in offsets.items()}
+    with admin_client(settings, timeout_s) as admin:
+        result = _coordinated(lambda: admin.alter_group_offsets(group, request), timeout_s)
+    failed = {tp: error for tp, error in result.items() if error is not None and error.__name__ != "NoError"}
+    if failed:
+        raise KafkaError(
+            f"group {group!r}: committing offsets failed for "
+            + ", ".join(f"{tp.topic}[{tp.partition}]: {error.__name__}" for tp, error in sorted(failed.items()))
+        )
