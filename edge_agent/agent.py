@@ -33,7 +33,6 @@ import numpy as np
 
 from contracts.formats import RowError, read_machines
 from contracts.messages import (
-    MAX_SUMMARY_SENSORS,
     ContractError,
     EdgeEvent,
     Event,
@@ -53,7 +52,7 @@ from edge_agent.quarantine import Quarantine
 from edge_agent.records import Reading
 from edge_agent.scorers import RunningModel, ScorerSlot
 from edge_agent.sequence import SequenceCounter
-from edge_agent.summaries import PeriodSummary, TelemetrySummarizer
+from edge_agent.summaries import TelemetrySummarizer, summary_messages
 from edge_agent.telemetry_source import Item, SourceBatch
 from edge_agent.windows import WindowBuilder
 from infra.energy import Rapl
@@ -497,30 +496,15 @@ class EdgeAgent:
         if self.summarizer is None:
             return
         for summary in self.summarizer.take():
-            for message in self._summary_messages(summary):
+            try:
+                messages = summary_messages(summary, self.config.edge_id, self._next_seq)
+            except ContractError as err:  # not expected of admitted readings; quarantined rather than lost silently
+                period = f"summary of {summary.start}..{summary.end}"
+                self._quarantine(summary.machine_id, period, str(err), "summary", held=False)
+                continue
+            for message in messages:
                 self._send(message)
                 self.stats.summaries += 1
-
-    def _summary_messages(self, summary: PeriodSummary) -> list[TelemetrySummary]:
-        """The period as messages: one, or one per MAX_SUMMARY_SENSORS sensors; none for readings without values."""
-        names = sorted(summary.sensors)
-        messages = []
-        for first in range(0, len(names), MAX_SUMMARY_SENSORS):
-            sensors = {n: summary.sensors[n] for n in names[first : first + MAX_SUMMARY_SENSORS]}
-            fields = {
-                "edge_id": self.config.edge_id,
-                "seq": self._next_seq(),
-                "machine_id": summary.machine_id,
-                "window_start": datetime.fromtimestamp(summary.start, UTC),
-                "window_end": datetime.fromtimestamp(summary.end, UTC),
-                "readings": summary.readings,
-                "sensors": {n: s.as_dict() for n, s in sensors.items()},
-            }
-            try:
-                messages.append(validate(TelemetrySummary, fields))
-            except ContractError as err:  # not expected of admitted readings; quarantined rather than lost silently
-                self._quarantine(summary.machine_id, repr(fields)[:200], str(err), "summary", held=False)
-        return messages
 
     def recent_windows(self) -> list[Window]:
         """The latest windows scored (for a new model's self-test); safe to call from another thread."""

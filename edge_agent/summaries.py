@@ -24,10 +24,13 @@ window does. Periods without readings send nothing; a sensor without a value in 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import numpy as np
 
+from contracts.messages import MAX_SUMMARY_SENSORS, TelemetrySummary, validate
 from edge_agent.windows import value_matrix
 
 
@@ -116,3 +119,24 @@ def summarize(
         if count[j]
     }
     return PeriodSummary(machine_id, start, start + length, len(rows), stats)
+
+
+def summary_messages(summary: PeriodSummary, edge_id: str, next_seq: Callable[[], int]) -> list[TelemetrySummary]:
+    """The period as messages: one, or one per MAX_SUMMARY_SENSORS sensors; none where no reading had a value.
+    Raises :class:`~contracts.messages.ContractError` naming what does not fit the contract."""
+    names = sorted(summary.sensors)
+    return [
+        validate(
+            TelemetrySummary,
+            {
+                "edge_id": edge_id,
+                "seq": next_seq(),
+                "machine_id": summary.machine_id,
+                "window_start": datetime.fromtimestamp(summary.start, UTC),
+                "window_end": datetime.fromtimestamp(summary.end, UTC),
+                "readings": summary.readings,
+                "sensors": {n: summary.sensors[n].as_dict() for n in names[first : first + MAX_SUMMARY_SENSORS]},
+            },
+        )
+        for first in range(0, len(names), MAX_SUMMARY_SENSORS)
+    ]
