@@ -240,6 +240,7 @@ def heartbeat_batch(rows: Sequence[tuple[Any, ...]], ingested_at: datetime) -> p
             "agent_version": pa.array([r.agent_version for r in records], pa.string()),
             "agent_sha256": pa.array([r.agent_sha256 for r in records], pa.string()),
             "key_id": pa.array([r.key_id for r in records], pa.string()),
+            "flow": pa.array([r.flow for r in records], pa.string()),
         }
     )
 

@@ -106,6 +106,7 @@ class HeartbeatRecord(NamedTuple):
     agent_version: str | None
     agent_sha256: str | None
     key_id: str | None
+    flow: str | None  # the heartbeat's EdgeFlow as JSON, when the edge sent one
     partition: int
     offset: int
 
@@ -163,6 +164,7 @@ def heartbeat_record(
         h.agent.version if h.agent else None,
         h.agent.sha256 if h.agent else None,
         h.signature.key_id if h.signature else None,
+        h.flow.model_dump_json() if h.flow else None,
         partition,
         offset,
     )

@@ -50,8 +50,11 @@ CREATE TABLE IF NOT EXISTS heartbeats (
     agent_version VARCHAR,
     agent_sha256  VARCHAR,
     key_id        VARCHAR,
+    flow          JSON,
     PRIMARY KEY (edge_id, seq, trust)
 );
+-- What flowed through the edge (contracts.messages.EdgeFlow); a store from before it gains the column.
+ALTER TABLE heartbeats ADD COLUMN IF NOT EXISTS flow JSON;
 """
 HEARTBEATS_V1_COLUMNS = (
     "edge_id, seq, ts, model_name, model_version, model_sha256, outbox_depth, lag_s, health, machines, ingested_at"
