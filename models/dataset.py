@@ -11,7 +11,9 @@ still open are left out, never guessed.
 
 Time-based splits, no leakage: training windows end before the validation start and their labels are known by it;
 validation windows end at or after it. The validation period is chosen to hold several failures (a fraction of them,
-at least ``min_failures``), because thresholds and checkpoints picked on one or two failures are noise.
+at least ``min_failures``), because thresholds and checkpoints picked on one or two failures are noise. One rule
+(:func:`validation_start_s`) splits the generic files (:func:`choose_split`) and windows already labeled, as the
+retrain flow holds them (:func:`split_for_validation`).
 
 Machine splits, for fleets where time cannot separate the periods (a test set of machines never seen in training):
 :class:`MachineSplit` holds out a share of machines chosen by a hash of their id (the same machines on every run and
@@ -250,23 +252,37 @@ class TimeSplit:
         return {"validation_from": _iso(self.validation_from_s), "until": _iso(self.until_s)}
 
 
+def validation_start_s(
+    failure_times_s: Sequence[int], horizon_h: float, *, fraction: float, min_failures: int, held: str
+) -> int:
+    """Where the validation period starts: one horizon before the first of the last ``max(min_failures, fraction)``
+    failures (``failure_times_s`` oldest first), so that failure's warning windows are validation too.
+
+    Raises :class:`DatasetError`, starting with ``held`` (what holds the failures), when no failure would be left to
+    learn from.
+    """
+    needed = max(min_failures, math.ceil(fraction * len(failure_times_s)))
+    if len(failure_times_s) < needed + 1:
+        raise DatasetError(
+            f"{held}: training needs at least {needed + 1} ({needed} for the validation period, at least one to "
+            "learn from)"
+        )
+    return int(failure_times_s[-needed] - horizon_h * HOUR_S)
+
+
 def choose_split(
     fleet: Fleet, horizon_h: float, *, until_s: int | None = None, fraction: float = 0.2, min_failures: int = 3
 ) -> TimeSplit:
-    """A validation period at the end of the data that holds the last ``max(min_failures, fraction)`` failures.
-
-    It starts one horizon before the first of those failures, so that failure's warning windows are validation too.
-    """
+    """A validation period at the end of the data that holds its last failures (:func:`validation_start_s`)."""
     until = fleet.last_time_s + 1 if until_s is None else until_s
-    failures = [f for f in fleet.failures() if f.time_s < until]
-    needed = max(min_failures, math.ceil(fraction * len(failures)))
-    if len(failures) < needed + 1:
-        raise DatasetError(
-            f"{len(failures)} failure(s) up to {_iso(until)}: training needs at least {needed + 1} "
-            f"({needed} for the validation period, at least one to learn from)"
-        )
-    first_validation_failure = failures[-needed].time_s
-    validation_from = int(first_validation_failure - horizon_h * HOUR_S)
+    failures = [f.time_s for f in fleet.failures() if f.time_s < until]
+    validation_from = validation_start_s(
+        failures,
+        horizon_h,
+        fraction=fraction,
+        min_failures=min_failures,
+        held=f"{len(failures)} failure(s) up to {_iso(until)}",
+    )
     return TimeSplit(validation_from_s=validation_from, until_s=until)
 
 
@@ -276,6 +292,41 @@ def split_windows(fleet: Fleet, spec: WindowSpec, split: TimeSplit) -> tuple[lis
     validation = build_windows(
         fleet, spec, ends_from_s=split.validation_from_s, ends_before_s=split.until_s, labels_until_s=split.until_s
     )
+    return train, validation
+
+
+def labeled_failures(windows: Sequence[LabeledWindow]) -> list[Failure]:
+    """The distinct failures the windows' labels point at, oldest first."""
+    found = {
+        (w.window.machine_id, round(w.end_s + w.hours_to_failure * HOUR_S), w.outcome)
+        for w in windows
+        if w.failed and w.hours_to_failure is not None
+    }
+    return [Failure(m, t, k) for m, t, k in sorted(found, key=lambda f: (f[1], f[0], f[2]))]
+
+
+def label_known_by(window: LabeledWindow, instant_s: int, horizon_h: float) -> bool:
+    """Whether the window's label was settled before ``instant_s``: its failure happened, or its horizon passed."""
+    if window.failed and window.hours_to_failure is not None:
+        return window.end_s + window.hours_to_failure * HOUR_S < instant_s
+    return window.end_s + horizon_h * HOUR_S <= instant_s
+
+
+def split_for_validation(
+    windows: Sequence[LabeledWindow], horizon_h: float, *, fraction: float, min_failures: int
+) -> tuple[list[LabeledWindow], list[LabeledWindow]]:
+    """(training, validation) of windows already labeled: the period of :func:`choose_split`, read from the labels'
+    failures; training windows end before it and their labels were known by then, so nothing leaks."""
+    failures = [f.time_s for f in labeled_failures(windows)]
+    validation_from = validation_start_s(
+        failures,
+        horizon_h,
+        fraction=fraction,
+        min_failures=min_failures,
+        held=f"the evidence holds {len(failures)} failure(s)",
+    )
+    train = [w for w in windows if w.end_s < validation_from and label_known_by(w, validation_from, horizon_h)]
+    validation = [w for w in windows if w.end_s >= validation_from]
     return train, validation
 
 

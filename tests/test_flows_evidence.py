@@ -13,8 +13,16 @@ from contracts.messages import Event
 from flows.evidence import split_evidence
 from flows.labeled import read_labeled_windows, write_history
 from flows.rejections import mark_rejected, rejected_versions
-from flows.training import label_known_by, labeled_failures, split_for_validation
-from models.dataset import DatasetError, Fleet, LabeledWindow, WindowSpec, build_windows
+from models.dataset import (
+    DatasetError,
+    Fleet,
+    LabeledWindow,
+    WindowSpec,
+    build_windows,
+    label_known_by,
+    labeled_failures,
+    split_for_validation,
+)
 from models.registry import ModelRegistry
 from models.scoring import Window
 
