@@ -237,6 +237,14 @@ class LocalKafka(BaseSettings):
     maven_executable: str = "mvn"
     lib_dir: Path | None = Field(None, description="where resolved jars go; <state_dir>/kafka/lib by default")
     security: BrokerSecurity | None = Field(None, description="TLS, SASL/SCRAM and ACLs; plaintext when unset")
+    # One node of a cluster (infra.kafka_cluster) differs from a single broker only in these.
+    node_id: int = Field(1, ge=1, description="this node's KRaft id")
+    quorum_voters: str | None = Field(
+        None, description="controller.quorum.voters (id@host:port,...); this node alone when unset"
+    )
+    cluster_id: str | None = Field(None, description="the KRaft cluster id to format with; a random one when unset")
+    replication_factor: int = Field(1, ge=1, description="default replication of topics (internal ones too)")
+    min_insync_replicas: int = Field(1, ge=1, description="replicas that must have a write before acks=all returns")
 
     _service: BackgroundProcess | None = PrivateAttr(None)
 
@@ -250,6 +258,11 @@ class LocalKafka(BaseSettings):
     def _distinct_ports(self) -> LocalKafka:
         if self.port == self.controller_port:
             raise ValueError(f"controller_port={self.controller_port} must differ from port={self.port}")
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(
+                f"min_insync_replicas={self.min_insync_replicas} must not exceed "
+                f"replication_factor={self.replication_factor}: no write could ever be acknowledged"
+            )
         return self
 
     # Layout ------------------------------------------------------------------------------------------------------
@@ -327,6 +340,20 @@ class LocalKafka(BaseSettings):
         say = report or log.info
         started_at = time.monotonic()
         deadline = started_at + timeout_s
+        pid = self.start(say)
+        self.wait_until_answering(pid, deadline)
+        ensured = ensure_topics(
+            self.kafka_settings(), Topics(self.topic_prefix).specs(self.partitions), timeout_s=timeout_s
+        )
+        if ensured.created:
+            say(f"created {len(ensured.created)} topics: {', '.join(ensured.created)}")
+        say(f"ready at {self.bootstrap} in {time.monotonic() - started_at:.1f} s (pid {pid})")
+        return self.status()
+
+    def start(self, report: Report | None = None) -> int:
+        """Launch the broker unless ours already runs, without waiting for it; its pid. The nodes of a cluster all
+        start before any can answer, since a KRaft quorum needs a majority of them."""
+        say = report or log.info
         pid = self._running_pid()
         if pid is not None:
             running_at = self._running_bootstrap()
@@ -336,26 +363,18 @@ class LocalKafka(BaseSettings):
                     "stop it (precursor kafka down) to change its ports"
                 )
             say(f"broker already running (pid {pid}) at {self.bootstrap}")
-        else:
-            java = self._java()
-            self._refuse_busy_ports()
-            self._refuse_other_listener()
-            jars = self.resolve_jars(say)
-            self._write_config()
-            if not (self.data_dir / "meta.properties").exists():
-                say(f"formatting KRaft storage in {self.data_dir}")
-                self._format_storage(java, jars)
-                self.listener_file.write_text(self.server_properties()["inter.broker.listener.name"])
-            say(f"starting Kafka {kafka_version()} (heap {self.heap_mb} MiB, log {self.logs_dir / 'server.log'})")
-            pid = self._launch(java, jars)
-        self._wait_until_answering(pid, deadline)
-        ensured = ensure_topics(
-            self.kafka_settings(), Topics(self.topic_prefix).specs(self.partitions), timeout_s=timeout_s
-        )
-        if ensured.created:
-            say(f"created {len(ensured.created)} topics: {', '.join(ensured.created)}")
-        say(f"ready at {self.bootstrap} in {time.monotonic() - started_at:.1f} s (pid {pid})")
-        return self.status()
+            return pid
+        java = self._java()
+        self._refuse_busy_ports()
+        self._refuse_other_listener()
+        jars = self.resolve_jars(say)
+        self._write_config()
+        if not (self.data_dir / "meta.properties").exists():
+            say(f"formatting KRaft storage in {self.data_dir}")
+            self._format_storage(java, jars)
+            self.listener_file.write_text(self.server_properties()["inter.broker.listener.name"])
+        say(f"starting Kafka {kafka_version()} (heap {self.heap_mb} MiB, log {self.logs_dir / 'server.log'})")
+        return self._launch(java, jars)
 
     def down(self, timeout_s: float = 30.0, report: Report | None = None) -> bool:
         """Stop our broker: SIGTERM, then SIGKILL after ``timeout_s``. False when ours was not running."""
@@ -453,7 +472,7 @@ class LocalKafka(BaseSettings):
             "--config",
             str(self.properties_file),
             "--cluster-id",
-            new_cluster_id(),
+            self.cluster_id or new_cluster_id(),
             "--ignore-formatted",
         ]
         credential = None if self.security is None else self.security.scram_credential()
@@ -481,7 +500,8 @@ class LocalKafka(BaseSettings):
             cwd=self.home,
         )
 
-    def _wait_until_answering(self, pid: int, deadline: float) -> None:
+    def wait_until_answering(self, pid: int, deadline: float) -> None:
+        """Return once the broker answers metadata requests; stop it and raise if it exits or ``deadline`` passes."""
         settings = self.kafka_settings()
         while True:
             if not self.service.alive(pid):
@@ -512,8 +532,8 @@ class LocalKafka(BaseSettings):
         controller_protocol = "PLAINTEXT" if self.security is None else "SSL"
         return {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@{self.host}:{self.controller_port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self.quorum_voters or f"{self.node_id}@{self.host}:{self.controller_port}",
             "listeners": f"{listener}://{self.bootstrap},CONTROLLER://{self.host}:{self.controller_port}",
             "advertised.listeners": f"{listener}://{self.bootstrap}",
             "controller.listener.names": "CONTROLLER",
@@ -522,13 +542,13 @@ class LocalKafka(BaseSettings):
             **self._security_properties(),
             "log.dirs": str(self.data_dir),
             "num.partitions": str(self.partitions),
-            "default.replication.factor": "1",
-            "min.insync.replicas": "1",
-            "offsets.topic.replication.factor": "1",
+            "default.replication.factor": str(self.replication_factor),
+            "min.insync.replicas": str(self.min_insync_replicas),
+            "offsets.topic.replication.factor": str(self.replication_factor),
             # Few internal partitions: the first consumer group creates them all, and 50 (the default) costs seconds.
             "offsets.topic.num.partitions": "4",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.replication.factor": str(self.replication_factor),
+            "transaction.state.log.min.isr": str(self.min_insync_replicas),
             "transaction.state.log.num.partitions": "4",
             "group.initial.rebalance.delay.ms": "0",
             # A starting broker is unfenced on its next heartbeat: a shorter interval makes it ready sooner.

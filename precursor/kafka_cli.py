@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from infra.kafka_admin import TopicSetupError
 from infra.kafka_broker import BrokerError, BrokerStatus, LocalKafka
+from infra.kafka_cluster import ClusterStatus, LocalKafkaCluster
 from infra.maven_jars import JarResolutionError, MissingToolError
 from precursor.common import fail
 from precursor.output import aligned
@@ -30,6 +31,16 @@ PortOption = Annotated[int | None, typer.Option("--port", help="client port [def
 ControllerPortOption = Annotated[
     int | None, typer.Option("--controller-port", help="KRaft controller port [default: 9093]")
 ]
+BrokersOption = Annotated[
+    int,
+    typer.Option(
+        "--brokers",
+        min=1,
+        max=9,
+        help="nodes: 1 is a single broker; 3 is a cluster on ports PORT, PORT+2, PORT+4 (controllers one above each),"
+        " topics replicated 3 times with min.insync.replicas=2",
+    ),
+]
 
 
 def _broker(state_dir: Path | None, port: int | None, controller_port: int | None, **more: Any) -> LocalKafka:
@@ -41,15 +52,42 @@ def _broker(state_dir: Path | None, port: int | None, controller_port: int | Non
         raise fail(problems) from None
 
 
+def _cluster(brokers: int, state_dir: Path | None, port: int | None, **more: Any) -> LocalKafkaCluster:
+    # The state folder and topic prefix follow the single broker's settings (and their environment variables).
+    single = _broker(state_dir, None, None)
+    given = {"first_port": port, **more}
+    try:
+        return LocalKafkaCluster(
+            brokers=brokers,
+            state_dir=single.state_dir,
+            host=single.host,
+            topic_prefix=single.topic_prefix,
+            lib_dir=single.jars_root,
+            **{name: value for name, value in given.items() if value is not None},
+        )
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in err.errors())
+        raise fail(problems) from None
+
+
 @kafka_app.command()
 def up(
     state_dir: StateDirOption = None,
     port: PortOption = None,
     controller_port: ControllerPortOption = None,
     partitions: Annotated[int | None, typer.Option(help="partitions per multi-partition topic [default: 6]")] = None,
+    brokers: BrokersOption = 1,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the broker to answer")] = 60.0,
 ) -> None:
     """Start the broker (resolving its jars on first use) and create the topics; a no-op when it already runs."""
+    if brokers > 1:
+        cluster = _cluster(brokers, state_dir, port, partitions=partitions)
+        try:
+            cluster.up(timeout_s=max(timeout, 120.0), report=typer.echo)
+        except (BrokerError, MissingToolError, JarResolutionError, TopicSetupError) as err:
+            raise fail(err, 1) from None
+        typer.echo(f"clients: PRECURSOR_KAFKA_BOOTSTRAP_SERVERS={cluster.bootstrap}")
+        return
     broker = _broker(state_dir, port, controller_port, partitions=partitions)
     try:
         broker.up(timeout_s=timeout, report=typer.echo)
@@ -62,9 +100,16 @@ def down(
     state_dir: StateDirOption = None,
     port: PortOption = None,
     controller_port: ControllerPortOption = None,
+    brokers: BrokersOption = 1,
     timeout: Annotated[float, typer.Option(help="seconds to wait after SIGTERM before SIGKILL")] = 30.0,
 ) -> None:
     """Stop the broker this state folder started; other Kafka processes are left alone."""
+    if brokers > 1:
+        try:
+            _cluster(brokers, state_dir, port).down(timeout_s=timeout, report=typer.echo)
+        except BrokerError as err:
+            raise fail(err, 1) from None
+        return
     broker = _broker(state_dir, port, controller_port)
     try:
         broker.down(timeout_s=timeout, report=typer.echo)
@@ -84,14 +129,32 @@ def _status_lines(status: BrokerStatus) -> list[str]:
     return aligned(rows)
 
 
+def _cluster_lines(status: ClusterStatus) -> list[str]:
+    rows = [
+        ("running", f"{status.running} of {len(status.nodes)} nodes"),
+        ("answering", "yes" if status.reachable else "no"),
+        *((f"node {n.node_id}", f"{n.bootstrap} pid {n.pid if n.pid is not None else '-'}") for n in status.nodes),
+        ("bootstrap", status.bootstrap),
+        ("topics", ", ".join(status.topics) if status.topics else "-"),
+    ]
+    return aligned(rows)
+
+
 @kafka_app.command()
 def status(
     state_dir: StateDirOption = None,
     port: PortOption = None,
     controller_port: ControllerPortOption = None,
+    brokers: BrokersOption = 1,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
 ) -> None:
     """Whether the broker runs and answers, its pid, address and topics. Exits 1 when it is not running."""
+    if brokers > 1:
+        cluster = _cluster(brokers, state_dir, port).status()
+        typer.echo(cluster.model_dump_json(indent=2) if as_json else "\n".join(_cluster_lines(cluster)))
+        if cluster.running < len(cluster.nodes):
+            raise typer.Exit(1)
+        return
     current = _broker(state_dir, port, controller_port).status()
     if as_json:
         typer.echo(current.model_dump_json(indent=2))
