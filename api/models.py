@@ -156,11 +156,14 @@ class FailureRow(Out):
 
 
 class SensorPoint(Out):
+    """One sensor over the summaries that end in a bucket; ``t``: the last one's end."""
+
     t: datetime
     mean: float | None
     min: float | None
     max: float | None
-    samples: int
+    last: float | None = Field(None, description="the latest reading with a value")
+    samples: int = Field(description="readings with a value for this sensor")
 
 
 class TelemetrySeries(Out):

@@ -1,11 +1,12 @@
 """Ingest: Kafka -> validate -> dead-letter -> drop duplicates -> prediction store, in event time.
 
-One composite per topic does the same jobs for predictions and for events:
+One composite per topic does the same jobs for predictions, events, heartbeats and telemetry summaries:
 
     ReadKafka -> ParseMessages (bad records to the dead-letter topic, each with the reason)
               -> DropDuplicates (grouped by machine, one per (edge_id, seq)) -> WriteToStore (ON CONFLICT DO NOTHING)
 
-Every record carries its event time as its Beam timestamp: a prediction's window end, an event's own time. Valid
+Every record carries its event time as its Beam timestamp: a prediction's or summary's window end, an event's own
+time. Valid
 messages travel on as plain tuples (:mod:`pipelines.records`), not pydantic objects, so shuffles stay cheap.
 :class:`IngestPredictions` hands each machine's unique predictions on to :class:`pipelines.alerts.RaiseAlerts`.
 """
@@ -31,6 +32,7 @@ from contracts.messages import (
     EdgeMessage,
     Heartbeat,
     Prediction,
+    TelemetrySummary,
     decode,
     encode,
 )
@@ -42,8 +44,10 @@ from pipelines.records import (
     EventRecord,
     HeartbeatRecord,
     PredictionRecord,
+    TelemetrySummaryRecord,
     event_record,
     prediction_record,
+    telemetry_summary_record,
     to_micros,
 )
 from store import PredictionStore
@@ -245,8 +249,31 @@ def heartbeat_batch(rows: Sequence[tuple[Any, ...]], ingested_at: datetime) -> p
     )
 
 
+def telemetry_summary_batch(rows: Sequence[tuple[Any, ...]], ingested_at: datetime) -> pa.Table:
+    """Telemetry summary record tuples as the store's ``telemetry_summaries`` columns: a row per sensor."""
+    records = [TelemetrySummaryRecord(*r) for r in rows]
+    each = [(r, sensor) for r in records for sensor in r.sensors]
+    return pa.table(
+        {
+            "edge_id": pa.array([r.edge_id for r, _ in each], pa.string()),
+            "seq": pa.array([r.seq for r, _ in each], pa.int64()),
+            "machine_id": pa.array([r.machine_id for r, _ in each], pa.string()),
+            "sensor": pa.array([s[0] for _, s in each], pa.string()),
+            "window_start": pa.array([r.window_start_us for r, _ in each], UTC_MICROS),
+            "window_end": pa.array([r.window_end_us for r, _ in each], UTC_MICROS),
+            "value_mean": pa.array([s[1] for _, s in each], pa.float64()),
+            "value_min": pa.array([s[2] for _, s in each], pa.float64()),
+            "value_max": pa.array([s[3] for _, s in each], pa.float64()),
+            "value_last": pa.array([s[4] for _, s in each], pa.float64()),
+            "samples": pa.array([s[5] for _, s in each], pa.int64()),
+            "readings": pa.array([r.readings for r, _ in each], pa.int64()),
+            "ingested_at": pa.array([to_micros(ingested_at)] * len(each), UTC_MICROS),
+        }
+    )
+
+
 class WriteToStore(beam.DoFn):
-    """Batches a bundle's records into one insert; counts rows that were new versus already stored."""
+    """Batches a bundle's records into one insert; counts store rows that were new versus already stored."""
 
     def __init__(
         self,
@@ -281,7 +308,7 @@ class WriteToStore(beam.DoFn):
         batch = self._to_batch(self._rows, datetime.now(UTC))
         new = PredictionStore(self._store_path).insert_table(self._table, batch)
         self._stored.inc(new)
-        self._already.inc(len(self._rows) - new)
+        self._already.inc(batch.num_rows - new)  # in store rows: a telemetry summary is a row per sensor
         self._rows = []
 
 
@@ -376,3 +403,16 @@ class IngestHeartbeats(_IngestTopic):
     ) -> None:
         super().__init__(ranges, settings, store_path, regroup=regroup)
         self.to_record = JudgedHeartbeatRecords(judge or HeartbeatJudge(None, None))
+
+
+class IngestTelemetrySummaries(_IngestTopic):
+    """The telemetry topic (summaries from edges that opt in) into the store, a row per sensor; returns
+    ``(machine_id, unique summary records)``. Its counters are apart (``telemetry.*``), so a run's prediction and
+    event figures stay what they were."""
+
+    model = TelemetrySummary
+    table = "telemetry_summaries"
+    to_record = staticmethod(telemetry_summary_record)
+    to_batch = staticmethod(telemetry_summary_batch)
+    event_time = TelemetrySummaryRecord._fields.index("window_end_us")
+    counter_prefix = "telemetry"

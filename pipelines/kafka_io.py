@@ -52,13 +52,17 @@ def _consumer(settings: KafkaSettings, **tuning: int) -> KafkaConsumer:
 _BULK_READ = {"max_partition_fetch_bytes": 16 * 1024 * 1024, "fetch_max_bytes": 64 * 1024 * 1024}
 
 
+class TopicMissing(RuntimeError):
+    """The cluster has no such topic."""
+
+
 def plan_ranges(settings: KafkaSettings, topic: str, committed: Mapping[int, int]) -> list[PartitionRange]:
     """One range per partition from the committed offset (or the earliest retained one) to the current end."""
     consumer = _consumer(settings)
     try:
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:
-            raise RuntimeError(f"topic {topic!r} does not exist on {settings.bootstrap_servers}")
+            raise TopicMissing(f"topic {topic!r} does not exist on {settings.bootstrap_servers}")
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         earliest = consumer.beginning_offsets(tps)
         latest = consumer.end_offsets(tps)

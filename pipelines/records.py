@@ -22,7 +22,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import NamedTuple
 
-from contracts.messages import EdgeEvent, Heartbeat, Prediction
+from contracts.messages import EdgeEvent, Heartbeat, Prediction, TelemetrySummary
 
 MICROS = 1_000_000
 HOUR_US = 3600 * MICROS
@@ -116,6 +116,22 @@ HEARTBEAT_IDENTITY = 3
 beside it, not in its place, and cannot make the real one count as a duplicate."""
 
 
+SensorStats = tuple[str, float, float, float, float, int]
+"""One sensor of a telemetry summary: (sensor, mean, min, max, last, count)."""
+
+
+class TelemetrySummaryRecord(NamedTuple):
+    edge_id: str
+    seq: int
+    machine_id: str
+    window_start_us: int
+    window_end_us: int
+    readings: int
+    sensors: tuple[SensorStats, ...]  # sorted by sensor
+    partition: int
+    offset: int
+
+
 def prediction_record(p: Prediction, *, partition: int, offset: int) -> PredictionRecord:
     return PredictionRecord(
         p.edge_id,
@@ -165,6 +181,21 @@ def heartbeat_record(
         h.agent.sha256 if h.agent else None,
         h.signature.key_id if h.signature else None,
         h.flow.model_dump_json() if h.flow else None,
+        partition,
+        offset,
+    )
+
+
+def telemetry_summary_record(s: TelemetrySummary, *, partition: int, offset: int) -> TelemetrySummaryRecord:
+    sensors = tuple((name, v.mean, v.min, v.max, v.last, v.count) for name, v in sorted(s.sensors.items()))
+    return TelemetrySummaryRecord(
+        s.edge_id,
+        s.seq,
+        s.machine_id,
+        to_micros(s.window_start),
+        to_micros(s.window_end),
+        s.readings,
+        sensors,
         partition,
         offset,
     )

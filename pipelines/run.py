@@ -1,4 +1,5 @@
-"""``precursor pipeline run``: Kafka predictions, events and heartbeats -> the prediction store, with alerts.
+"""``precursor pipeline run``: Kafka predictions, events, heartbeats and telemetry summaries -> the prediction
+store, with alerts.
 
 Each run is a bounded snapshot of Kafka (see :mod:`pipelines.kafka_io`): it reads every partition from the committed
 offset to the current end, stores and dead-letters what it read, raises and clears alerts
@@ -19,8 +20,8 @@ from contracts.settings import KafkaSettings
 from pipelines.alerts import RaiseAlerts
 from pipelines.edge_trust import HeartbeatJudge
 from pipelines.engines import LOCAL, EngineSettings, counters, engine
-from pipelines.ingest import NAMESPACE, IngestEvents, IngestHeartbeats, IngestPredictions
-from pipelines.kafka_io import PartitionRange, plan_ranges
+from pipelines.ingest import NAMESPACE, IngestEvents, IngestHeartbeats, IngestPredictions, IngestTelemetrySummaries
+from pipelines.kafka_io import PartitionRange, TopicMissing, plan_ranges
 from pipelines.settings import PipelineSettings
 from store import Offset, PredictionStore
 
@@ -41,6 +42,9 @@ class RunReport:
     too_late: int = 0  # predictions behind their machine's watermark on arrival: stored, not alerted on
     heartbeats_read: int = 0  # heartbeats are counted apart from predictions and events
     heartbeats_stored: int = 0
+    telemetry_read: int = 0  # telemetry summaries too, apart; each is stored as a row per sensor
+    telemetry_rows_stored: int = 0
+    telemetry_dead_lettered: int = 0
     seconds: float = 0.0
     ranges: list[PartitionRange] = field(default_factory=list)
 
@@ -56,6 +60,9 @@ class RunReport:
             self.too_late + other.too_late,
             self.heartbeats_read + other.heartbeats_read,
             self.heartbeats_stored + other.heartbeats_stored,
+            self.telemetry_read + other.telemetry_read,
+            self.telemetry_rows_stored + other.telemetry_rows_stored,
+            self.telemetry_dead_lettered + other.telemetry_dead_lettered,
             self.seconds + other.seconds,
             self.ranges + other.ranges,
         )
@@ -72,7 +79,7 @@ def run_once(
     from_beginning: bool = False,
     consumer: str = CONSUMER,
 ) -> RunReport:
-    """Read everything new on the predictions and events topics, store it, raise alerts, then commit progress."""
+    """Read everything new on the edge topics, store it, raise alerts, then commit progress."""
     started = time.monotonic()
     pipeline_settings = pipeline_settings or PipelineSettings()
     store = PredictionStore(store_path)
@@ -80,13 +87,15 @@ def run_once(
     names = (topics.predictions, topics.events, topics.heartbeats)
     committed = {t: {} if from_beginning else store.offsets(consumer, t) for t in names}
     prediction_ranges, event_ranges, heartbeat_ranges = (plan_ranges(settings, t, committed[t]) for t in names)
-    ranges = prediction_ranges + event_ranges + heartbeat_ranges
+    telemetry_ranges = _opt_in_ranges(settings, topics.telemetry, from_beginning, store, consumer)
+    ranges = prediction_ranges + event_ranges + heartbeat_ranges + telemetry_ranges
     report = RunReport(
         read=sum(r.size for r in prediction_ranges + event_ranges),
         heartbeats_read=sum(r.size for r in heartbeat_ranges),
+        telemetry_read=sum(r.size for r in telemetry_ranges),
         ranges=ranges,
     )
-    if report.read + report.heartbeats_read == 0:
+    if report.read + report.heartbeats_read + report.telemetry_read == 0:
         report.seconds = time.monotonic() - started
         return report
 
@@ -113,6 +122,10 @@ def run_once(
         _ = pipeline | "IngestHeartbeats" >> IngestHeartbeats(
             heartbeat_ranges, settings, path, regroup=regroup, judge=judge
         )
+    if any(r.size for r in telemetry_ranges):
+        _ = pipeline | "IngestTelemetrySummaries" >> IngestTelemetrySummaries(
+            telemetry_ranges, settings, path, regroup=regroup
+        )
     result = pipeline.run()
     result.wait_until_finish()
 
@@ -122,6 +135,8 @@ def run_once(
     report.already_stored = sum(c.get(f"{k}.already_stored", 0) for k in kinds)
     report.dead_lettered = sum(c.get(f"{k}.dead_lettered", 0) for k in kinds)
     report.heartbeats_stored = c.get("heartbeats.stored", 0)
+    report.telemetry_rows_stored = c.get("telemetry.stored", 0)
+    report.telemetry_dead_lettered = c.get("telemetry.dead_lettered", 0)
     report.duplicates = c.get("duplicates_dropped", 0)
     report.alerts_raised = c.get("alerts.raised", 0)
     report.alerts_cleared = c.get("alerts.cleared", 0)
@@ -130,6 +145,17 @@ def run_once(
     store.commit_offsets(consumer, [Offset(r.topic, r.partition, r.end) for r in ranges])
     report.seconds = time.monotonic() - started
     return report
+
+
+def _opt_in_ranges(
+    settings: KafkaSettings, topic: str, from_beginning: bool, store: PredictionStore, consumer: str
+) -> list[PartitionRange]:
+    """The ranges of a topic edges write to only where they opt in (telemetry summaries): a cluster set up without
+    it has nothing there to read, which is no error."""
+    try:
+        return plan_ranges(settings, topic, {} if from_beginning else store.offsets(consumer, topic))
+    except TopicMissing:
+        return []
 
 
 def follow(

@@ -74,6 +74,11 @@ def pipeline_run(
             f"alerts raised {r.alerts_raised}, cleared {r.alerts_cleared} "
             f"in {r.seconds:.1f} s -> {path}"
         )
+        if r.telemetry_read:
+            typer.echo(
+                f"pipeline: telemetry summaries read {r.telemetry_read}, sensor rows stored {r.telemetry_rows_stored}, "
+                f"dead-lettered {r.telemetry_dead_lettered}"
+            )
 
     try:
         if follow:

@@ -178,17 +178,23 @@ ALTER TABLE latest_predictions ADD COLUMN IF NOT EXISTS threshold DOUBLE;
 """
     + HEARTBEATS_TABLE
     + """
--- Opt-in per-sensor summaries (the precursor.telemetry topic): what the dashboard draws as sensor lines.
+-- Opt-in per-sensor summaries (the precursor.telemetry topic): what the dashboard draws as sensor lines. One row per
+-- sensor of a TelemetrySummary; samples: readings with a value for the sensor, readings: all of the period's.
 CREATE TABLE IF NOT EXISTS telemetry_summaries (
+    edge_id      VARCHAR NOT NULL,
+    seq          BIGINT  NOT NULL,
     machine_id   VARCHAR NOT NULL,
     sensor       VARCHAR NOT NULL,
     window_start TIMESTAMPTZ NOT NULL,
     window_end   TIMESTAMPTZ NOT NULL,
-    value_mean   DOUBLE,
-    value_min    DOUBLE,
-    value_max    DOUBLE,
+    value_mean   DOUBLE  NOT NULL,
+    value_min    DOUBLE  NOT NULL,
+    value_max    DOUBLE  NOT NULL,
+    value_last   DOUBLE  NOT NULL,
     samples      BIGINT  NOT NULL,
-    PRIMARY KEY (machine_id, sensor, window_end)
+    readings     BIGINT  NOT NULL,
+    ingested_at  TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (edge_id, seq, sensor)
 );
 """
 )
@@ -215,7 +221,16 @@ PREDICTION_COLUMNS = (
 )
 EVENT_COLUMNS = "edge_id, seq, machine_id, ts, event, kind, detail, ingested_at"
 WRITABLE_TABLES = frozenset(
-    {"predictions", "events", "heartbeats", "alerts", "alert_timelines", "model_metrics", "drift"}
+    {
+        "predictions",
+        "events",
+        "heartbeats",
+        "telemetry_summaries",
+        "alerts",
+        "alert_timelines",
+        "model_metrics",
+        "drift",
+    }
 )
 
 
@@ -271,10 +286,22 @@ def _open(path: Path, *, read_only: bool, wait_s: float) -> Iterator[duckdb.Duck
         con.execute("SET TimeZone = 'UTC'")
         if not read_only:
             _migrate_heartbeats(con)
+            _set_aside_old_telemetry_summaries(con)
             con.execute(SCHEMA)
         yield con
     finally:
         con.close()
+
+
+def _set_aside_old_telemetry_summaries(con: duckdb.DuckDBPyConnection) -> None:
+    """A summaries table of the first layout (keyed by machine, sensor and time; no edge sent it, so it has no
+    (edge_id, seq)) is renamed ``telemetry_summaries_v1``, kept but no longer read, and the new one is made."""
+    columns, keyed = con.execute(
+        "SELECT count(*), count(*) FILTER (column_name = 'edge_id') FROM duckdb_columns() "
+        "WHERE database_name = current_database() AND table_name = 'telemetry_summaries'"
+    ).fetchone() or (0, 0)
+    if columns and not keyed:
+        con.execute("ALTER TABLE telemetry_summaries RENAME TO telemetry_summaries_v1")
 
 
 def _migrate_heartbeats(con: duckdb.DuckDBPyConnection) -> None:

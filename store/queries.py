@@ -610,8 +610,9 @@ class StoreReader:
         until: datetime | None = None,
         points: int = 300,
     ) -> dict[str, list[dict[str, Any]]]:
-        """sensor -> summary points (mean, min, max) over time, at most ``points`` per sensor; empty where the
-        store holds no telemetry summaries (raw telemetry stays at the edge unless a site opts in)."""
+        """sensor -> summary points (mean, min, max, last) over time, at most ``points`` per sensor; empty where the
+        store holds no telemetry summaries (raw telemetry stays at the edge unless a site opts in). Where the
+        summaries are more than ``points``, each point merges several: their mean, lowest, highest and latest."""
         if not self.has_table("telemetry_summaries"):
             return {}
         where = _Where()
@@ -624,8 +625,9 @@ class StoreReader:
             f"""
             WITH m AS (SELECT * FROM telemetry_summaries {where.sql}),
             span AS (SELECT min(epoch_us(window_end)) AS lo, max(epoch_us(window_end)) AS hi FROM m)
-            SELECT sensor, max(window_end) AS t, avg(value_mean) AS mean, min(value_min) AS min,
-                   max(value_max) AS max, sum(samples) AS samples
+            SELECT sensor, max(window_end) AS t, sum(value_mean * samples) / sum(samples) AS mean,
+                   min(value_min) AS min, max(value_max) AS max, arg_max(value_last, window_end) AS last,
+                   sum(samples) AS samples
             FROM m, span
             GROUP BY sensor, floor((epoch_us(window_end) - lo) * ? / greatest(hi - lo + 1, 1))
             ORDER BY sensor, t

@@ -23,11 +23,16 @@ import numpy as np
 import pyarrow as pa
 import uvicorn
 
-from contracts.messages import EdgeEvent, Event, Heartbeat, Prediction
+from contracts.messages import EdgeEvent, Event, Heartbeat, Prediction, TelemetrySummary
+from edge_agent.config import WindowSpec
+from edge_agent.records import Reading
+from edge_agent.summaries import TelemetrySummarizer, summary_messages
+from edge_agent.windows import WindowBuilder
+from pipelines.ingest import telemetry_summary_batch
+from pipelines.records import telemetry_summary_record
 from simulator import FleetConfig, simulate_fleet
 from store import PredictionStore, connect
 from store.db import LATEST_PREDICTIONS_UPSERT, PREDICTION_COLUMNS, prediction_row
-from store.telemetry import insert_telemetry_summaries, summarize_telemetry
 
 TOKEN = "test-token-0123456789abcdef"
 EDGES = ("edge-a", "edge-b")
@@ -46,6 +51,7 @@ class SimulatedStore:
     edge_of: dict[str, str]
     rollout_at: datetime
     """When edge-a switched to the new model version (edge-b never does)."""
+    summaries: list[TelemetrySummary]
 
     def latest(self) -> dict[str, Prediction]:
         """Each machine's newest prediction by (window_end, seq)."""
@@ -218,6 +224,30 @@ def heartbeat_table(beats: list[Heartbeat]) -> pa.Table:
     )
 
 
+def telemetry_summaries(data, edge_of: dict[str, str]) -> list[TelemetrySummary]:
+    """The summaries the edges send of the simulated telemetry with summaries on (an hour a period): its readings
+    through the edge's window builder and summarizer."""
+    table = data.telemetry
+    order = np.argsort(table.sensors)
+    sensors = tuple(table.sensors[j] for j in order)  # a Reading's sensors are sorted
+    summarizer = TelemetrySummarizer(3600)
+    builder = WindowBuilder(WindowSpec(length=timedelta(hours=6), every=timedelta(hours=1)), observer=summarizer)
+    for machine_id, rows in table.machines():
+        values = table.values[rows][:, order].astype(np.float64).tolist()
+        stamps = table.timestamps[rows].tolist()
+        readings = [Reading(machine_id, float(t), sensors, tuple(v)) for t, v in zip(stamps, values, strict=True)]
+        for _ in builder.add_readings(readings):
+            pass  # the windows are not wanted here, only the summaries cut as they pass
+    seqs = {edge: iter(range(1_000_000, 2**31)) for edge in EDGES}
+    return [
+        message
+        for summary in summarizer.take()
+        for message in summary_messages(
+            summary, edge_of[summary.machine_id], seqs[edge_of[summary.machine_id]].__next__
+        )
+    ]
+
+
 def keep_latest(path: Path, predictions: list[Prediction]) -> None:
     """Fill ``latest_predictions`` the way the writer keeps it (the same statement, over the same batch)."""
     names = [c.strip() for c in PREDICTION_COLUMNS.split(",")]
@@ -253,7 +283,10 @@ def fill_store(
         store.insert_table("alerts", pa.Table.from_pylist([a | {"stored_at": now} for a in alerts]))
     beats = heartbeats_for(predictions, rollout_at)
     store.insert_table("heartbeats", heartbeat_table(beats))
-    insert_telemetry_summaries(path, summarize_telemetry(data.telemetry, every=timedelta(hours=1)))
+    edge_of = {m: EDGES[i % 2] for i, m in enumerate(data.config.machine_ids)}
+    summaries = telemetry_summaries(data, edge_of)
+    records = [tuple(telemetry_summary_record(m, partition=0, offset=i)) for i, m in enumerate(summaries)]
+    store.insert_table("telemetry_summaries", telemetry_summary_batch(records, datetime.now(UTC)))
     machine_ids = sorted({p.machine_id for p in predictions} | {e.machine_id for e in events})
     return SimulatedStore(
         path=path,
@@ -262,8 +295,9 @@ def fill_store(
         events=events,
         alerts=alerts,
         heartbeats=beats,
-        edge_of={m: EDGES[i % 2] for i, m in enumerate(data.config.machine_ids)},
+        edge_of=edge_of,
         rollout_at=rollout_at,
+        summaries=summaries,
     )
 
 

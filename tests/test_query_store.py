@@ -190,14 +190,27 @@ def test_quality_counts_each_window_against_what_happened(sim: SimulatedStore) -
 
 
 def test_telemetry_summaries_come_back_per_sensor(sim: SimulatedStore) -> None:
+    machine = sim.machines[0]
+    sent = sorted((s for s in sim.summaries if s.machine_id == machine), key=lambda s: s.window_end)
     with reading(sim.path) as store:
-        series = store.telemetry_series(sim.machines[0], points=50)
-        two = store.telemetry_series(sim.machines[0], sensors=["flow", "rpm"], points=50)
+        series = store.telemetry_series(machine, points=50)
+        two = store.telemetry_series(machine, sensors=["flow", "rpm"], points=50)
+        every = store.telemetry_series(machine, points=5000)
     assert len(series) == 7 and all(0 < len(points) <= 51 for points in series.values())
     assert set(two) == {"flow", "rpm"}
     for points in series.values():
         for p in points:
-            assert p["min"] <= p["mean"] <= p["max"]
+            assert p["min"] <= p["mean"] <= p["max"] and p["min"] <= p["last"] <= p["max"]
+    # Merged into 50 points, a sensor still holds every reading, its extremes and its latest value.
+    flow = [s.sensors["flow"] for s in sent if "flow" in s.sensors]
+    assert sum(p["samples"] for p in series["flow"]) == sum(f.count for f in flow)
+    assert min(p["min"] for p in series["flow"]) == min(f.min for f in flow)
+    assert max(p["max"] for p in series["flow"]) == max(f.max for f in flow)
+    assert series["flow"][-1]["last"] == flow[-1].last
+    # Unmerged, each point is what the edge sent.
+    assert [(p["t"], p["mean"], p["last"]) for p in every["flow"]] == [
+        (s.window_end, s.sensors["flow"].mean, s.sensors["flow"].last) for s in sent if "flow" in s.sensors
+    ]
 
 
 def test_a_young_store_without_the_newer_tables_answers_with_empty_lists(tmp_path: Path) -> None:
