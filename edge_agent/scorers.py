@@ -6,7 +6,6 @@ one assignment, so a batch is scored by one model from start to end, and a swap 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -20,13 +19,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from edge_agent.config import ModelSpec
 from models.baselines import DriftZScore
+from models.registry import ArtifactManifest, artifact_sha256, verify_artifact
 from models.releases import KEYRING_FILE, current_trust
 from models.scoring import Scorer
 from models.signing import load_public_keys
 
 log = logging.getLogger("precursor.edge.model")
-
-MANIFEST_FILE = "manifest.json"
 
 
 def load_trusted_keys(paths: Iterable[Path]) -> dict[str, Ed25519PublicKey]:
@@ -35,11 +33,6 @@ def load_trusted_keys(paths: Iterable[Path]) -> dict[str, Ed25519PublicKey]:
     for path in paths:
         keys.update(load_public_keys(path))
     return keys
-
-
-def artifact_sha256(artifact_dir: Path) -> str:
-    """The hash a release announces for an artifact: sha256 of its signed manifest's exact bytes."""
-    return hashlib.sha256((Path(artifact_dir) / MANIFEST_FILE).read_bytes()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -56,10 +49,18 @@ class RunningModel:
 
 
 def load_lm(artifact: Path, spec: ModelSpec, trusted_keys: dict[str, Ed25519PublicKey]) -> RunningModel:
-    """The signed language model artifact, verified before it is loaded (see :meth:`models.runtime.LMScorer.load`)."""
+    """The signed language model artifact, verified before it is loaded."""
+    return open_lm(artifact, spec, verify_artifact(artifact, trusted_keys))
+
+
+def open_lm(artifact: Path, spec: ModelSpec, manifest: ArtifactManifest) -> RunningModel:
+    """The language model artifact whose ``manifest`` the caller has just verified (see
+    :meth:`models.runtime.LMScorer.from_verified`)."""
     from models.runtime import LMScorer  # onnxruntime is only needed when the LM runs
 
-    scorer = LMScorer.load(artifact, trusted_keys, intra_op_num_threads=spec.threads, max_batch_size=spec.max_batch)
+    scorer = LMScorer.from_verified(
+        artifact, manifest, intra_op_num_threads=spec.threads, max_batch_size=spec.max_batch
+    )
     return RunningModel(scorer, Path(artifact), artifact_sha256(artifact))
 
 

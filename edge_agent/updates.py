@@ -8,10 +8,11 @@ targets, and ``canary_edges``, when set, names this edge):
    accepted for its target (an older issue, a lower version unless signed as a rollback, another artifact under an
    accepted version; the ledger survives restarts); a repeat of the accepted release is a logged no-op;
 2. fetch the artifact its ``artifact_uri`` names (``file://`` folder or packed archive, or ``http(s)://`` archive),
-   bounded by ``updates.max_bytes``, into a staging folder;
-3. verify it against the release: the manifest's sha256 is the release's, the ed25519 signature is by a trusted key,
-   every file matches the manifest (:func:`models.registry.verify_release`);
-4. load it beside the running model;
+   bounded by ``updates.max_bytes``, into a staging folder renamed into its own folder once complete;
+3. verify it against the release, once, just before it loads: the manifest's sha256 is the release's, the ed25519
+   signature is by a trusted key, every file matches the manifest (:func:`models.registry.verify_release`); a folder
+   that fails is removed;
+4. load it beside the running model, each file read against that verified manifest;
 5. self-test it on the agent's recent windows: it scores them without error, every risk is a probability, it reads
    enough of the sensors this edge has, and it is fast enough;
 6. swap it in atomically, keeping the old one for rollback, and send a heartbeat with the new version.
@@ -46,9 +47,10 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, TypeAdapter, Validati
 
 from contracts.messages import ContractError, ModelRelease, decode
 from contracts.outcomes import ANY_FAILURE
+from contracts.versions import version_key
 from edge_agent.config import EdgeConfig, SelfTestSpec
-from edge_agent.scorers import RunningModel, ScorerSlot, load_lm, load_trusted_keys
-from models.registry import ArtifactError, unpack, verify_release, version_sort_key
+from edge_agent.scorers import RunningModel, ScorerSlot, load_trusted_keys, open_lm
+from models.registry import ArtifactError, unpack, verify_release
 from models.releases import (
     KEYRING_FILE,
     ExpiredReleaseError,
@@ -214,7 +216,7 @@ class ReleaseLedger:
 
     @staticmethod
     def _not_back(release: ModelRelease, version: str, sha256: str, where: str) -> None:
-        if version_sort_key(release.version) < version_sort_key(version) and not release.rollback:
+        if version_key(release.version) < version_key(version) and not release.rollback:
             raise UpdateRefused(
                 f"downgrade: version {release.version} is older than version {version}, {where}; only a release "
                 "signed as a rollback goes back"
@@ -410,16 +412,8 @@ class ModelUpdater:
             )
         final = self.models_dir / f"{release.model_name}-{release.version}-{release.sha256[:12]}"
         if not final.is_dir():
-            staging = self._fetch(release)
-            try:
-                verify_release(release, staging, self.trusted_keys)
-            except SignatureError as err:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise UpdateRefused(f"signature check failed: {err}") from None
-            except ArtifactError as err:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise UpdateRefused(f"hash check failed: {err}") from None
-            staging.rename(final)
+            # Checked once, in place, just before it loads: a folder refused there is removed below.
+            self._fetch(release).rename(final)
         try:
             return self._load_and_test(release, final)
         except UpdateRefused:
@@ -430,8 +424,7 @@ class ModelUpdater:
 
     def _load_and_test(self, release: ModelRelease, final: Path) -> RunningModel:
         try:
-            verify_release(release, final, self.trusted_keys)
-            new = load_lm(final, self.config.model, self.trusted_keys)
+            new = open_lm(final, self.config.model, verify_release(release, final, self.trusted_keys))
         except SignatureError as err:
             raise UpdateRefused(f"signature check failed: {err}") from None
         except ArtifactError as err:

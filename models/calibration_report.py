@@ -19,9 +19,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from models.calibration import Calibration, ReliabilityBin, calibration_of
-from models.registry import ArtifactError, ModelRegistry, _parse_manifest, _read_signed, read_verified_file
-
-CONFIG_FILE = "precursor.json"
+from models.registry import (
+    CONFIG_FILE,
+    ArtifactError,
+    ModelRegistry,
+    _parse_manifest,
+    _read_signed,
+    read_verified_file,
+)
 
 
 class ValidationCalibration(BaseModel):

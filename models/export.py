@@ -42,15 +42,14 @@ from torch import nn
 
 from contracts.outcomes import ANY_FAILURE
 from models.calibration import IDENTITY, Calibration, calibration_of
-from models.model import ensemble_members, load_causal_lm, takes_values
+from models.model import context_length, ensemble_members, load_causal_lm, takes_values
 from models.outcome import pack_sequences, risks_from_logits
-from models.registry import DEFAULT_MODEL_NAME, VERSION_PATTERN, sign_artifact
+from models.registry import CONFIG_FILE, DEFAULT_MODEL_NAME, VERSION_PATTERN, sign_artifact
 from models.scoring import Window
 from models.signing import load_private_key
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "precursor.json"
 METRICS_FILE = "metrics.json"
 MODEL_FILE = "model.onnx"
 FP32_MODEL_FILE = "model.fp32.onnx"
@@ -147,19 +146,6 @@ def read_precursor_config(checkpoint_dir: Path) -> dict[str, Any]:
         if key not in config:
             raise ValueError(f"{path}: {key} is missing")
     return config
-
-
-def context_length(model: nn.Module, config: dict[str, Any]) -> int:
-    """The longest token sequence the model takes: the checkpoint's own limit, or the model's position table."""
-    model_config = getattr(model, "config", None)
-    limits = [
-        getattr(model_config, name, None) for name in ("n_positions", "max_position_embeddings", "n_ctx", "block_size")
-    ]
-    limits.append(config.get("context_length"))
-    found = [int(v) for v in limits if isinstance(v, int) and v > 0]
-    if not found:
-        raise ValueError("cannot tell the model's context length: set context_length in precursor.json")
-    return min(found)
 
 
 def export_onnx(model: nn.Module, path: Path, *, opset: int = OPSET) -> None:
@@ -549,7 +535,7 @@ def export_artifact(
     outcome_tokens = _outcome_tokens(checkpoint_dir, config)
     model = load_checkpoint_model(checkpoint_dir)
     vocab_size = int(model.get_output_embeddings().weight.shape[0])
-    max_len = context_length(model, config)
+    max_len = context_length(model, config.get("context_length"))
     valued = takes_values(model)
     decision_sequences, decision_values = (
         _encode_windows(checkpoint_dir, calibration_windows, values=valued) if calibration_windows else (None, None)

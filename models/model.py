@@ -33,10 +33,10 @@ from transformers.modeling_outputs import CausalLMOutput
 
 from models.calibration import IDENTITY, Calibration, calibration_of
 from models.outcome import pack_sequences, risks_from_logits
+from models.registry import CONFIG_FILE
 from models.scoring import Risk, Window
 from models.tokenizer import TelemetryTokenizer
 
-META_FILE = "precursor.json"
 MAX_DEFAULT_PARAMETERS = 10_000_000
 
 
@@ -247,14 +247,13 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-def context_length(model: PreTrainedModel) -> int:
-    """The longest sequence the model's positions cover (large for models without learned positions)."""
-    config = model.config
-    for name in ("n_positions", "max_position_embeddings"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 1 << 16
+def context_length(model: torch.nn.Module, declared: int | None = None) -> int:
+    """The longest token sequence the model takes: the smallest of its position table and ``declared`` (a checkpoint's
+    own limit, ``context_length`` in ``precursor.json``); large for a model with neither."""
+    config = getattr(model, "config", None)
+    limits = [getattr(config, name, None) for name in ("n_positions", "max_position_embeddings", "n_ctx", "block_size")]
+    found = [int(v) for v in (*limits, declared) if isinstance(v, int) and v > 0]
+    return min(found) if found else 1 << 16
 
 
 # --- checkpoint folder --------------------------------------------------------------------------------------------
@@ -289,14 +288,14 @@ def save_checkpoint(
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     tokenizer.save(directory)
-    (directory / META_FILE).write_text(meta.model_dump_json(indent=1) + "\n")
+    (directory / CONFIG_FILE).write_text(meta.model_dump_json(indent=1) + "\n")
     return directory
 
 
 def read_meta(directory: str | Path) -> CheckpointMeta:
-    path = Path(directory) / META_FILE
+    path = Path(directory) / CONFIG_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file (a model folder has {META_FILE})")
+        raise FileNotFoundError(f"{path}: no such file (a model folder has {CONFIG_FILE})")
     return CheckpointMeta.model_validate(json.loads(path.read_text()))
 
 

@@ -32,8 +32,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, field_validator
 
 from contracts.messages import ContractError, Identifier, ModelRelease, Sha256Hex, UtcDatetime, validate
+from contracts.versions import version_key
 from models.signing import SignatureError, TrustedKeys, key_id, sign, verify
 
+CONFIG_FILE = "precursor.json"
+"""The model's own description (horizon, threshold, calibration, how to read the ONNX graph): in a checkpoint folder
+and in the artifact exported from it."""
 MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"
 CHAMPION_FILE = "champion.json"
@@ -386,6 +390,16 @@ def _signed_bytes_of(artifact: Path) -> tuple[bytes, ManifestSignature, str]:
     return found[MANIFEST_FILE], _parse_signature(found[SIGNATURE_FILE], f"{artifact}:{SIGNATURE_FILE}"), str(artifact)
 
 
+def artifact_sha256(artifact_dir: Path | str) -> str:
+    """The hash a release announces for an artifact and an edge reports it runs: the sha256 of its manifest's exact
+    bytes, which pins every file through their hashes. Not a verification: see :func:`verify_release`."""
+    return _manifest_sha256((Path(artifact_dir) / MANIFEST_FILE).read_bytes())
+
+
+def _manifest_sha256(manifest_bytes: bytes) -> str:
+    return hashlib.sha256(manifest_bytes).hexdigest()
+
+
 def release_for(
     artifact: Path | str,
     *,
@@ -410,7 +424,7 @@ def release_for(
         {
             "version": manifest.version,
             "model_name": manifest.model_name,
-            "sha256": hashlib.sha256(manifest_bytes).hexdigest(),
+            "sha256": _manifest_sha256(manifest_bytes),
             "signature": signature.signature,
             "key_id": signature.key_id,
             "size_bytes": manifest.size_bytes,
@@ -426,7 +440,7 @@ def verify_release(release: ModelRelease, artifact_dir: Path | str, trusted_keys
     artifact_dir = Path(artifact_dir)
     manifest = verify_artifact(artifact_dir, trusted_keys)
     manifest_bytes = (artifact_dir / MANIFEST_FILE).read_bytes()
-    digest = hashlib.sha256(manifest_bytes).hexdigest()
+    digest = _manifest_sha256(manifest_bytes)
     if digest != release.sha256:
         raise TamperedArtifactError(
             f"artifact {artifact_dir}: manifest sha256 {digest} does not match release sha256 {release.sha256}"
@@ -448,15 +462,6 @@ def verify_release(release: ModelRelease, artifact_dir: Path | str, trusted_keys
 
 
 # --- the registry folder -------------------------------------------------------------------------------------------
-
-
-def version_sort_key(version: str) -> tuple[tuple[int, str], ...]:
-    """Order versions as people read them: digit runs compare as numbers, so 0.10.0 comes after 0.9.2.
-
-    >>> sorted(["0.10.0", "0.9.2", "0.9.10", "2026.1.5"], key=version_sort_key)
-    ['0.9.2', '0.9.10', '0.10.0', '2026.1.5']
-    """
-    return tuple((int(part), "") if part.isdigit() else (-1, part) for part in re.split(r"(\d+)", version) if part)
 
 
 @dataclass(frozen=True)
@@ -535,12 +540,13 @@ class ModelRegistry:
         )
 
     def list(self) -> list[RegistryEntry]:
-        """Published versions, oldest version first (see :func:`version_sort_key`). Not verified: use :meth:`get`."""
+        """Published versions, oldest version first (:func:`contracts.versions.version_key`). Not verified: use
+        :meth:`get`."""
         if not self.model_dir.is_dir():
             return []
         versions = [p.name for p in self.model_dir.iterdir() if p.is_dir() and _VERSION.match(p.name)]
         entries = [self._entry(v) for v in versions]
-        return sorted(entries, key=lambda e: (version_sort_key(e.version), e.created_at))
+        return sorted(entries, key=lambda e: (version_key(e.version), e.created_at))
 
     def get(self, version: str) -> RegistryEntry:
         """A published version, verified against the trusted keys."""

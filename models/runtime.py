@@ -18,11 +18,10 @@ import onnxruntime as ort
 
 from models.calibration import Calibration, calibration_of
 from models.outcome import pack_sequences, risks_from_logits
-from models.registry import ArtifactError, ArtifactManifest, read_verified_file, verify_artifact
+from models.registry import CONFIG_FILE, ArtifactError, ArtifactManifest, read_verified_file, verify_artifact
 from models.scoring import Risk, Window
 from models.signing import TrustedKeys
 
-CONFIG_FILE = "precursor.json"
 DEFAULT_MAX_BATCH = 16
 """The edge agent's default too (``model.max_batch``). Measured on the edge bench (one core, 1,000 machines, a window
 per machine a minute): 16 gave the least CPU per reading with a p99 as low as any; 8 cost about 15% more CPU (each
@@ -102,7 +101,6 @@ class LMScorer:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size} must be at least 1")
         artifact_dir = Path(artifact_dir)
-        manifest = verify_artifact(artifact_dir, trusted_keys)
         config = json.loads(read_verified_file(artifact_dir, CONFIG_FILE, manifest))
         model_file = str(config.get("onnx", {}).get("model_file", "model.onnx"))
         model_bytes = read_verified_file(artifact_dir, model_file, manifest)

@@ -29,7 +29,6 @@ is configured or the edge runs no artifact, e.g. a built-in baseline).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from contracts.enrollment import EnrolledKey, EnrollmentError, parse_enrolled_edges
 from contracts.messages import Heartbeat
-from models.registry import MANIFEST_FILE
+from models.registry import MANIFEST_FILE, artifact_sha256
 from models.signing import SignatureError, key_id, public_key_from_text, verify
 from pipelines.records import HeartbeatRecord, heartbeat_record
 
@@ -127,7 +126,7 @@ def release_hashes(registry: Path | str) -> set[str]:
     root = Path(registry)
     if not root.is_dir():
         raise FileNotFoundError(f"model registry {root} is not a directory")
-    return {hashlib.sha256(path.read_bytes()).hexdigest() for path in root.glob(f"*/*/{MANIFEST_FILE}")}
+    return {artifact_sha256(path.parent) for path in root.glob(f"*/*/{MANIFEST_FILE}")}
 
 
 class JudgedHeartbeatRecords:

@@ -46,6 +46,7 @@ from contracts.alerting import DEFAULT_THRESHOLD, AlertRule
 from contracts.durations import parse_duration
 from contracts.formats import parse_timestamp
 from contracts.outcomes import ANY_FAILURE
+from contracts.versions import version_key
 from store.db import StoreBusy, connect
 
 ELEVATED_LOOKBACK = timedelta(days=7)
@@ -1004,15 +1005,6 @@ def _identity(beat: dict[str, Any] | None, counts: dict[str, Any] | None) -> dic
 
 def _majority(versions: list[dict[str, Any]]) -> str | None:
     return max(versions, key=lambda v: v["machines"])["model_version"] if versions else None
-
-
-def version_key(version: str) -> tuple[tuple[int, int | str], ...]:
-    """Natural order for version strings, so ``0.10.0`` is newer than ``0.9.2``.
-
-    >>> sorted(["0.10.0", "0.9.2", "1.0.0-rc1", "0.9.10"], key=version_key)
-    ['0.9.2', '0.9.10', '0.10.0', '1.0.0-rc1']
-    """
-    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.findall(r"\d+|[A-Za-z]+", version))
 
 
 @contextmanager

@@ -14,7 +14,6 @@ from contracts.outcomes import ANY_FAILURE
 from models.dataset import Fleet, WindowSpec, build_windows
 from models.export import MODEL_FILE, OUTPUT_NAME
 from models.model import (
-    META_FILE,
     EnsembleLM,
     ModelConfig,
     TorchScorer,
@@ -23,6 +22,7 @@ from models.model import (
     load_checkpoint,
     member_folders,
 )
+from models.registry import CONFIG_FILE
 from models.runtime import LMScorer
 from models.signing import load_public_keys
 from models.train import TrainSettings, train
@@ -71,7 +71,7 @@ def test_train_members_then_score_one_graph_at_the_edge(tmp_path: Path) -> None:
     fleet_files = write_tiny_fleet(tmp_path / "fleet")
     result, keys = train_signed(fleet_files, TrainSettings(**TINY, members=2, seed=3), tmp_path, version="0.3.0")
     artifact = tmp_path / "artifact"
-    meta = json.loads((result.checkpoint_dir / META_FILE).read_text())
+    meta = json.loads((result.checkpoint_dir / CONFIG_FILE).read_text())
     assert meta["members"] == 2
     assert [m["seed"] for m in meta["training"]["member_fits"]] == [3, 4]
     assert [p.name for p in member_folders(result.checkpoint_dir)] == ["member-0", "member-1"]

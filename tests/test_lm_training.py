@@ -16,7 +16,6 @@ from pydantic import ValidationError
 from models.dataset import Fleet, WindowSpec, build_windows, choose_split, split_windows
 from models.evaluate import average_precision
 from models.model import (
-    META_FILE,
     ModelConfig,
     TorchScorer,
     build_model,
@@ -26,6 +25,7 @@ from models.model import (
     load_checkpoint,
 )
 from models.outcome import pack_sequences
+from models.registry import CONFIG_FILE
 from models.signing import generate_keypair
 from models.tokenizer import TelemetryTokenizer
 from models.train import (
@@ -147,8 +147,8 @@ def test_training_writes_a_checkpoint_that_reloads_and_scores(
     tiny_checkpoint: Path, tiny_fleet: dict[str, Path]
 ) -> None:
     names = {p.name for p in tiny_checkpoint.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", META_FILE} <= names
-    meta = json.loads((tiny_checkpoint / META_FILE).read_text())
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", CONFIG_FILE} <= names
+    meta = json.loads((tiny_checkpoint / CONFIG_FILE).read_text())
     assert meta["horizon_h"] == 12.0
     assert 0.0 <= meta["threshold"] <= 1.0
     assert meta["architecture"]["n_layer"] == 1
@@ -170,7 +170,7 @@ def test_training_writes_a_checkpoint_that_reloads_and_scores(
 
 
 def test_training_learns_the_precursor_signal(tiny_checkpoint: Path, tiny_fleet: dict[str, Path]) -> None:
-    meta = json.loads((tiny_checkpoint / META_FILE).read_text())
+    meta = json.loads((tiny_checkpoint / CONFIG_FILE).read_text())
     history = meta["training"]["history"]
     assert history[-1]["train_outcome_loss"] < history[0]["train_outcome_loss"]
     scorer = TorchScorer.load(tiny_checkpoint)
