@@ -96,6 +96,28 @@ class LMScorer:
 
         ``tokenizer`` defaults to the artifact's own :class:`models.tokenizer.TelemetryTokenizer`.
         """
+        manifest = verify_artifact(artifact_dir, trusted_keys)
+        return cls.from_verified(
+            artifact_dir,
+            manifest,
+            intra_op_num_threads=intra_op_num_threads,
+            max_batch_size=max_batch_size,
+            tokenizer=tokenizer,
+        )
+
+    @classmethod
+    def from_verified(
+        cls,
+        artifact_dir: Path | str,
+        manifest: ArtifactManifest,
+        *,
+        intra_op_num_threads: int = 1,
+        max_batch_size: int = DEFAULT_MAX_BATCH,
+        tokenizer: WindowTokenizer | None = None,
+    ) -> LMScorer:
+        """:meth:`load` for an artifact whose ``manifest`` the caller has just verified
+        (:func:`models.registry.verify_artifact` or :func:`~models.registry.verify_release`), so it is not verified
+        twice; each file is still checked against the manifest as it is read."""
         if intra_op_num_threads < 1:
             raise ValueError(f"intra_op_num_threads={intra_op_num_threads} must be at least 1")
         if max_batch_size < 1:
