@@ -153,7 +153,8 @@ def estimate(cpu_s: float, predictions: int, *, energy_j: float | None = None, m
 
 @dataclass
 class CostMeter:
-    """Measures a stretch of work in this process: ``with CostMeter() as meter: ...; meter.cost(n)``."""
+    """Measures a stretch of work in this process: ``with CostMeter() as meter: ...``, or :meth:`start` and
+    :meth:`stop` where the work has no block of its own; then ``meter.cost(n)``."""
 
     settings: EnergySettings = field(default_factory=EnergySettings)
     children: bool = False
@@ -164,18 +165,23 @@ class CostMeter:
     wall_s: float = 0.0
     energy_j: float | None = None
 
-    def __enter__(self) -> CostMeter:
+    def start(self) -> CostMeter:
         self._rapl = self.settings.rapl()
-        if self._rapl is not None:
-            self._rapl.joules()
         self._cpu0 = process_cpu_s(children=self.children)
         self._wall0 = time.monotonic()
         return self
 
-    def __exit__(self, *_exc: object) -> None:
+    def stop(self) -> CostMeter:
         self.cpu_s = process_cpu_s(children=self.children) - self._cpu0
         self.wall_s = time.monotonic() - self._wall0
         self.energy_j = None if self._rapl is None else self._rapl.joules()
+        return self
+
+    def __enter__(self) -> CostMeter:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
 
     def cost(self, predictions: int) -> Cost:
         found = estimate(self.cpu_s, predictions, energy_j=self.energy_j, model=self.settings.power_model())

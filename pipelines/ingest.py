@@ -14,6 +14,7 @@ messages travel on as plain tuples (:mod:`pipelines.records`), not pydantic obje
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -54,6 +55,8 @@ from store import PredictionStore
 
 DEAD = "dead"
 NAMESPACE = "precursor"
+WRITE_MS = "store.write_ms"
+"""Milliseconds of each store write (one transaction), a Beam distribution: the flow view's store latency."""
 UTC_MICROS = pa.timestamp("us", tz="UTC")
 
 
@@ -290,6 +293,7 @@ class WriteToStore(beam.DoFn):
         self._rows: list[tuple[Any, ...]] = []
         self._stored = Metrics.counter(NAMESPACE, f"{counter_prefix}.stored")
         self._already = Metrics.counter(NAMESPACE, f"{counter_prefix}.already_stored")
+        self._write_ms = Metrics.distribution(NAMESPACE, WRITE_MS)
 
     def start_bundle(self) -> None:
         self._rows = []
@@ -306,7 +310,9 @@ class WriteToStore(beam.DoFn):
         if not self._rows:
             return
         batch = self._to_batch(self._rows, datetime.now(UTC))
+        started = time.perf_counter()
         new = PredictionStore(self._store_path).insert_table(self._table, batch)
+        self._write_ms.update(round(1000 * (time.perf_counter() - started)))
         self._stored.inc(new)
         self._already.inc(batch.num_rows - new)  # in store rows: a telemetry summary is a row per sensor
         self._rows = []

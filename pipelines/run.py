@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contracts.settings import KafkaSettings
+from infra.energy import CostMeter
 from pipelines.alerts import RaiseAlerts
 from pipelines.edge_trust import HeartbeatJudge
 from pipelines.engines import LOCAL, EngineSettings, counters, engine
 from pipelines.ingest import NAMESPACE, IngestEvents, IngestHeartbeats, IngestPredictions, IngestTelemetrySummaries
 from pipelines.kafka_io import PartitionRange, TopicMissing, plan_ranges
+from pipelines.run_log import distributions, record_run
 from pipelines.settings import PipelineSettings
 from store import Offset, PredictionStore
 
@@ -81,6 +83,7 @@ def run_once(
 ) -> RunReport:
     """Read everything new on the edge topics, store it, raise alerts, then commit progress."""
     started = time.monotonic()
+    meter = CostMeter().start()  # CPU and energy of the whole run, for the flow view's cost per prediction
     pipeline_settings = pipeline_settings or PipelineSettings()
     store = PredictionStore(store_path)
     topics = settings.topics
@@ -143,6 +146,16 @@ def run_once(
     report.too_late = c.get("predictions.too_late", 0)
     # Only now, with every record stored or dead-lettered, does progress move forward.
     store.commit_offsets(consumer, [Offset(r.topic, r.partition, r.end) for r in ranges])
+    record_run(
+        settings,
+        store_path,
+        consumer,
+        ranges=ranges,
+        counters=c,
+        writes=distributions(result, NAMESPACE),
+        meter=meter,
+        runner=runner,
+    )
     report.seconds = time.monotonic() - started
     return report
 
