@@ -399,6 +399,18 @@ function riskChartSpec(machine) {
   };
 }
 
+// One sensor's chart with its name and latest value (the newest summary's last reading).
+function sensorPanel(name, points, box) {
+  const newest = points.length ? points[points.length - 1] : null;
+  const last = newest && newest.last !== null && newest.last !== undefined ? newest.last : null;
+  return h(
+    "div",
+    { class: "sensor", "data-sensor": name, "data-points": String(points.length), "data-last": last === null ? "" : String(last) },
+    h("h3", {}, name, last === null ? null : h("span", { class: "last", text: ` last ${Math.abs(last) >= 100 ? last.toFixed(0) : last.toFixed(2)}`, title: newest ? `at ${formatTime(ms(newest.t))}` : "" })),
+    box,
+  );
+}
+
 function renderMachine() {
   const machine = state.machine;
   if (!machine || state.page !== "machine") return;
@@ -467,13 +479,13 @@ function renderMachine() {
       h(
         "section",
         { class: "panel" },
-        h("header", {}, h("h2", { text: "Sensors" }), h("span", { class: "hint", text: "mean with min–max band; failures marked" })),
+        h("header", {}, h("h2", { text: "Sensors" }), h("span", { class: "hint", text: "mean with min–max band, on the risk chart's time axis; failures marked" })),
         h(
           "div",
           { class: "panel-body" },
           sensorNames.length
-            ? h("div", { class: "sensors" }, sensorBoxes.map(({ name, box }) => h("div", { class: "sensor" }, h("h3", { text: name }), box)))
-            : h("div", { class: "empty", text: "No telemetry summaries for this machine: raw telemetry stays at the edge unless the site sends summaries (precursor.telemetry)." }),
+            ? h("div", { class: "sensors", id: "sensor-charts" }, sensorBoxes.map(({ name, box }) => sensorPanel(name, t.telemetry[name], box)))
+            : h("div", { class: "empty", text: "No telemetry summaries for this machine: raw telemetry stays at the edge; an edge sends per-sensor summaries with telemetry_summaries: {enabled: true} in its config." }),
         ),
       ),
       h(
