@@ -566,6 +566,7 @@ def train_on_windows(
     windows came from (files, split); ``precursor evaluate`` refits the baselines from it.
     """
     started = time.monotonic()
+    cpu_started = time.process_time()  # all threads: torch trains on several
     random.seed(settings.seed)
     np.random.seed(settings.seed)
     torch.manual_seed(settings.seed)  # whatever ran before in this process; each model's weights: fresh_model
@@ -652,6 +653,7 @@ def train_on_windows(
             **settings.model_dump(mode="json", exclude={"backbone"}),
             "tokenizer": tokenizer.settings.model_dump(mode="json"),
             "seconds": round(result.seconds, 1),
+            "cpu_s": round(time.process_time() - cpu_started, 1),  # tokenizing and training: the flow view's cost
             "history": result.history,
             **({"member_fits": [member_record(fit) for fit in fits]} if len(fits) > 1 else {}),
         },
