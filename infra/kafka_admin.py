@@ -409,10 +409,12 @@ def consumer_lag(
     window_s: float = 60.0,
     now: datetime | None = None,
     timeout_s: float = 5.0,
+    missing_ok: bool = False,
 ) -> list[TopicBacklog]:
     """Per topic: the group's lag and the records appended in the last ``window_s``, through one admin client.
 
-    A topic the cluster lacks raises :class:`KafkaError` naming it.
+    A topic the cluster lacks raises :class:`KafkaError` naming it, or with ``missing_ok`` is left out (an opt-in
+    topic nobody created).
     """
     now = now or datetime.now(UTC)
     since_ms = int(now.timestamp() * 1000 - window_s * 1000)
@@ -424,9 +426,12 @@ def consumer_lag(
             if not entry.get("error_code"):
                 partitions[name] = [TopicPartition(name, p["partition_index"]) for p in entry["partitions"]]
         missing = [t for t in topics if not partitions.get(t)]
-        if missing:
+        if missing and not missing_ok:
             raise KafkaError(f"no topic {', '.join(missing)} on {settings.bootstrap_servers}")
+        topics = [t for t in topics if t not in missing]
         tps = [tp for t in topics for tp in partitions[t]]
+        if not tps:
+            return []
         latest = admin.list_partition_offsets(dict.fromkeys(tps, OffsetSpec.LATEST))
         earliest = admin.list_partition_offsets(dict.fromkeys(tps, OffsetSpec.EARLIEST))
         newest = admin.list_partition_offsets(dict.fromkeys(tps, OffsetSpec.MAX_TIMESTAMP))
