@@ -39,7 +39,9 @@ from api.app import create_app  # noqa: E402
 from api.settings import ApiSettings  # noqa: E402
 from contracts.messages import Prediction  # noqa: E402
 from contracts.settings import KafkaSettings  # noqa: E402
-from store.db import LATEST_PREDICTIONS_UPSERT, PREDICTION_COLUMNS, SCHEMA, connect, prediction_row  # noqa: E402
+from pipelines.ingest import prediction_batch  # noqa: E402
+from pipelines.records import prediction_record  # noqa: E402
+from store.db import LATEST_PREDICTIONS_UPSERT, SCHEMA, connect  # noqa: E402
 from store.queries import StoreAttacher, StoreReader, reading  # noqa: E402
 from tests.fixtures_api import serving  # noqa: E402
 
@@ -131,7 +133,6 @@ def upsert_cost(path: Path, batch_rows: int = 5000) -> tuple[float, float]:
         shutil.copy(path, copy)
         now = datetime.now(UTC)
         start = datetime(2026, 6, 1, tzinfo=UTC)
-        names = [c.strip() for c in PREDICTION_COLUMNS.split(",")]
 
         def batch(offset: int) -> pa.Table:
             rows = []
@@ -149,17 +150,18 @@ def upsert_cost(path: Path, batch_rows: int = 5000) -> tuple[float, float]:
                     model_name="precursor-lm",
                     model_version="0.3.0",
                 )
-                rows.append(dict(zip(names, prediction_row(p, now), strict=True)))
-            return pa.Table.from_pylist(rows)
+                rows.append(tuple(prediction_record(p, partition=0, offset=k)))
+            return prediction_batch(rows, now)
 
         seconds: dict[bool, list[float]] = {False: [], True: []}
         for offset in range(8):  # alternate, so neither side gets the cold first connection
             with_upsert = offset % 2 == 1
             incoming = batch(offset * 10)
+            columns = ", ".join(incoming.column_names)
             started = time.perf_counter()
             with connect(copy) as con:
                 con.register("incoming", incoming)
-                con.execute(f"INSERT INTO predictions ({PREDICTION_COLUMNS}) SELECT {PREDICTION_COLUMNS} FROM incoming")
+                con.execute(f"INSERT INTO predictions ({columns}) SELECT {columns} FROM incoming")
                 if with_upsert:
                     con.execute(LATEST_PREDICTIONS_UPSERT)
             seconds[with_upsert].append(time.perf_counter() - started)

@@ -14,20 +14,16 @@ briefly when a writer has it (see :func:`connect`).
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import pyarrow as pa
-
-from contracts.messages import EdgeEvent, Prediction
 
 HEARTBEATS_TABLE = """
 -- trust: verified, unsigned or forged (pipelines.edge_trust). It is part of the key, so a forged heartbeat that
@@ -215,11 +211,6 @@ WHERE (excluded.window_end, excluded.seq) > (latest_predictions.window_end, late
 """
 """Keeps ``latest_predictions`` current from a batch registered as ``incoming``; run it after inserting the batch."""
 
-PREDICTION_COLUMNS = (
-    "edge_id, seq, machine_id, window_start, window_end, horizon_h, risk, max_risk, top_kind, "
-    "model_name, model_version, emitted_at, ingested_at, threshold"
-)
-EVENT_COLUMNS = "edge_id, seq, machine_id, ts, event, kind, detail, ingested_at"
 WRITABLE_TABLES = frozenset(
     {
         "predictions",
@@ -316,30 +307,6 @@ def _migrate_heartbeats(con: duckdb.DuckDBPyConnection) -> None:
         con.execute("COMMIT")
 
 
-def prediction_row(p: Prediction, ingested_at: datetime) -> tuple[Any, ...]:
-    top_kind = max(p.risk, key=lambda k: p.risk[k])
-    return (
-        p.edge_id,
-        p.seq,
-        p.machine_id,
-        p.window_start,
-        p.window_end,
-        p.horizon_h,
-        json.dumps(p.risk, sort_keys=True),
-        p.max_risk,
-        top_kind,
-        p.model_name,
-        p.model_version,
-        p.emitted_at,
-        ingested_at,
-        p.threshold,
-    )
-
-
-def event_row(e: EdgeEvent, ingested_at: datetime) -> tuple[Any, ...]:
-    return (e.edge_id, e.seq, e.machine_id, e.timestamp, e.event, e.kind, e.detail, ingested_at)
-
-
 @dataclass(frozen=True)
 class Offset:
     topic: str
@@ -348,34 +315,13 @@ class Offset:
 
 
 class PredictionStore:
-    """Writes and reads the store file. Each call opens and closes the file, so no lock is held between calls."""
+    """Writes and reads the store file. Each call opens and closes the file, so no lock is held between calls.
+
+    Rows come as Arrow tables in the layout of their one writer (:mod:`pipelines.ingest`, :mod:`pipelines.alerts`).
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-
-    def insert_predictions(self, predictions: Sequence[Prediction]) -> int:
-        """Insert, skipping any (edge_id, seq) already stored. Returns how many rows were new."""
-        now = datetime.now(UTC)
-        return self._insert("predictions", PREDICTION_COLUMNS, [prediction_row(p, now) for p in predictions])
-
-    def insert_events(self, events: Sequence[EdgeEvent]) -> int:
-        now = datetime.now(UTC)
-        return self._insert("events", EVENT_COLUMNS, [event_row(e, now) for e in events])
-
-    def insert(self, messages: Sequence[Prediction | EdgeEvent]) -> int:
-        """Insert predictions and events alike; returns how many rows were new."""
-        predictions = [m for m in messages if isinstance(m, Prediction)]
-        events = [m for m in messages if isinstance(m, EdgeEvent)]
-        if len(predictions) + len(events) != len(messages):
-            raise TypeError("the store keeps Prediction and EdgeEvent messages only")
-        return self.insert_predictions(predictions) + self.insert_events(events)
-
-    def _insert(self, table: str, columns: str, rows: list[tuple[Any, ...]]) -> int:
-        if not rows:
-            return 0
-        names = [c.strip() for c in columns.split(",")]
-        # Row-by-row executemany costs ~4 ms a row in DuckDB; one Arrow batch inserts thousands in milliseconds.
-        return self.insert_table(table, pa.Table.from_pylist([dict(zip(names, row, strict=True)) for row in rows]))
 
     def insert_table(self, table: str, batch: pa.Table, *, replace: bool = False) -> int:
         """Insert an Arrow table whose column names are ``table``'s; returns how many rows were written.

@@ -16,28 +16,29 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import uvicorn
 
+from contracts.alerting import AlertRule
 from contracts.messages import EdgeEvent, Event, Heartbeat, Prediction, TelemetrySummary
 from edge_agent.config import WindowSpec
 from edge_agent.records import Reading
 from edge_agent.summaries import TelemetrySummarizer, summary_messages
 from edge_agent.windows import WindowBuilder
-from pipelines.ingest import telemetry_summary_batch
-from pipelines.records import telemetry_summary_record
+from pipelines.alerts import AlertChange, MachineAlerts, Timeline, WriteAlertState, advance
+from pipelines.records import from_micros, prediction_record
 from simulator import FleetConfig, simulate_fleet
-from store import PredictionStore, connect
-from store.db import LATEST_PREDICTIONS_UPSERT, PREDICTION_COLUMNS, prediction_row
+from store import connect
+from tests.fixtures_store import store_messages
 
 TOKEN = "test-token-0123456789abcdef"
 EDGES = ("edge-a", "edge-b")
 OLD_VERSION, NEW_VERSION = "0.1.0", "0.2.0"
-RAISE_AT, CLEAR_BELOW = 0.7, 0.4
+ALERT_RULE = AlertRule()
+"""The pipeline's default operating point and hysteresis: predictions here carry no threshold of their own."""
 
 
 @dataclass(frozen=True)
@@ -144,33 +145,32 @@ def simulated_fleet_messages(
     return data, predictions, events, rollout_at
 
 
-def hysteresis_alerts(predictions: list[Prediction]) -> list[dict]:
-    """Raise after two windows at or above RAISE_AT, clear after one below CLEAR_BELOW, per machine and kind."""
+def pipeline_alerts(path: Path, predictions: list[Prediction]) -> list[dict]:
+    """The alerts the pipeline raises and clears for these predictions (:func:`pipelines.alerts.advance` under
+    :data:`ALERT_RULE`, each machine's predictions in window order), stored by its own writer."""
+    writer = WriteAlertState(str(path))
+    writer.start_bundle()
     alerts: list[dict] = []
-    state: dict[tuple[str, str], tuple[bool, int]] = {}
-    for p in sorted(predictions, key=lambda p: (p.machine_id, p.window_end, p.seq)):
-        for kind, risk in p.risk.items():
-            raised, streak = state.get((p.machine_id, kind), (False, 0))
-            if not raised:
-                streak = streak + 1 if risk >= RAISE_AT else 0
-                if streak >= 2:
-                    raised, streak = True, 0
-                    alerts.append(_alert(p, kind, "raised", risk))
-            elif risk < CLEAR_BELOW:
-                raised, streak = False, 0
-                alerts.append(_alert(p, kind, "cleared", risk))
-            state[(p.machine_id, kind)] = (raised, streak)
+    ordered = sorted(predictions, key=lambda p: (p.machine_id, p.window_end, p.seq))
+    for machine_id in sorted({p.machine_id for p in ordered}):
+        records = [
+            prediction_record(p, partition=0, offset=i) for i, p in enumerate(ordered) if p.machine_id == machine_id
+        ]
+        changes = advance(Timeline(), records, ALERT_RULE, lateness_us=0).changes
+        writer.process(MachineAlerts(machine_id, tuple(changes), None))
+        alerts.extend(_alert(change) for change in changes)
+    writer.finish_bundle()
     return alerts
 
 
-def _alert(p: Prediction, kind: str, change: str, risk: float) -> dict:
+def _alert(change: AlertChange) -> dict:
     return {
-        "machine_id": p.machine_id,
-        "kind": kind,
-        "state": change,
-        "ts": p.window_end,
-        "risk": risk,
-        "model_version": p.model_version,
+        "machine_id": change.machine_id,
+        "kind": change.kind,
+        "state": change.state,
+        "ts": from_micros(change.at_us),
+        "risk": change.risk,
+        "model_version": change.model_version,
     }
 
 
@@ -201,29 +201,6 @@ def heartbeats_for(predictions: list[Prediction], rollout_at: datetime) -> list[
     return out
 
 
-def heartbeat_table(beats: list[Heartbeat]) -> pa.Table:
-    """Heartbeats as rows of the store's ``heartbeats`` table."""
-    now = datetime.now(UTC)
-    return pa.Table.from_pylist(
-        [
-            {
-                "edge_id": h.edge_id,
-                "seq": h.seq,
-                "ts": h.timestamp,
-                "model_name": h.model_name,
-                "model_version": h.model_version,
-                "model_sha256": h.model_sha256,
-                "outbox_depth": h.outbox_depth,
-                "lag_s": h.lag_s,
-                "health": h.health,
-                "machines": h.machines,
-                "ingested_at": now,
-            }
-            for h in beats
-        ]
-    )
-
-
 def telemetry_summaries(data, edge_of: dict[str, str]) -> list[TelemetrySummary]:
     """The summaries the edges send of the simulated telemetry with summaries on (an hour a period): its readings
     through the edge's window builder and summarizer."""
@@ -248,17 +225,6 @@ def telemetry_summaries(data, edge_of: dict[str, str]) -> list[TelemetrySummary]
     ]
 
 
-def keep_latest(path: Path, predictions: list[Prediction]) -> None:
-    """Fill ``latest_predictions`` the way the writer keeps it (the same statement, over the same batch)."""
-    names = [c.strip() for c in PREDICTION_COLUMNS.split(",")]
-    now = datetime.now(UTC)
-    batch = pa.Table.from_pylist([dict(zip(names, prediction_row(p, now), strict=True)) for p in predictions])
-    with connect(path) as con:
-        con.register("incoming", batch)
-        con.execute(LATEST_PREDICTIONS_UPSERT)
-        con.unregister("incoming")
-
-
 def fill_store(
     path: Path,
     *,
@@ -269,24 +235,14 @@ def fill_store(
     with_latest: bool = True,
 ) -> SimulatedStore:
     data, predictions, events, rollout_at = simulated_fleet_messages(machines=machines, days=days, seed=seed)
-    store = PredictionStore(path)
-    store.insert_predictions(predictions)
-    store.insert_events(events)
-    if with_latest:
-        keep_latest(path, predictions)  # a no-op where the insert already kept it
-    else:
+    edge_of = {m: EDGES[i % 2] for i, m in enumerate(data.config.machine_ids)}
+    beats = heartbeats_for(predictions, rollout_at)
+    summaries = telemetry_summaries(data, edge_of)
+    store_messages(path, [*predictions, *events, *beats, *summaries])
+    if not with_latest:
         with connect(path) as con:  # a store written before the table was kept
             con.execute("DELETE FROM latest_predictions")
-    alerts = hysteresis_alerts(predictions) if with_alerts else []
-    if alerts:
-        now = datetime.now(UTC)
-        store.insert_table("alerts", pa.Table.from_pylist([a | {"stored_at": now} for a in alerts]))
-    beats = heartbeats_for(predictions, rollout_at)
-    store.insert_table("heartbeats", heartbeat_table(beats))
-    edge_of = {m: EDGES[i % 2] for i, m in enumerate(data.config.machine_ids)}
-    summaries = telemetry_summaries(data, edge_of)
-    records = [tuple(telemetry_summary_record(m, partition=0, offset=i)) for i, m in enumerate(summaries)]
-    store.insert_table("telemetry_summaries", telemetry_summary_batch(records, datetime.now(UTC)))
+    alerts = pipeline_alerts(path, predictions) if with_alerts else []
     machine_ids = sorted({p.machine_id for p in predictions} | {e.machine_id for e in events})
     return SimulatedStore(
         path=path,

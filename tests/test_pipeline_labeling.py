@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from contracts.messages import EdgeEvent, Prediction
 from pipelines.labeling import day_file, read_dataset, run_labeling
 from pipelines.settings import PipelineSettings
-from store import PredictionStore
+from tests.fixtures_store import store_messages
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
 NO_LATENESS = PipelineSettings(allowed_lateness="0s")
@@ -79,7 +79,7 @@ class FleetHistory:
 
 
 def store_history(path: Path, messages: list[Prediction | EdgeEvent]) -> Path:
-    PredictionStore(path).insert(messages)
+    store_messages(path, messages)
     return path
 
 
@@ -131,7 +131,7 @@ def test_an_outcome_still_open_at_the_watermark_stays_pending_until_a_later_run(
     assert (first.examples, first.pending) == (22, 26)
 
     later = FleetHistory(machines=1, hours=80, edges=1).messages(steady)[48:]
-    PredictionStore(store).insert(later)
+    store_messages(store, later)
     second = run_labeling(store, tmp_path / "dataset", settings=settings)
     assert (second.examples, second.pending) == (54, 80 - 54)
 
@@ -149,7 +149,7 @@ def test_a_rerun_rewrites_nothing_and_a_new_failure_rewrites_only_the_days_it_ch
     assert {day: day_file(dataset, day).stat().st_mtime_ns for day in first.days} == before
 
     # A failure reported late (within the predictions' 24 h horizon, day 2) changes day 1 and day 2 only.
-    PredictionStore(store).insert([history._event("pump-01", 30, "failure:motor").model_copy(update={"seq": 9_999})])
+    store_messages(store, [history._event("pump-01", 30, "failure:motor").model_copy(update={"seq": 9_999})])
     third = run_labeling(store, dataset, settings=NO_LATENESS)
     assert third.days_rewritten == ["2026-03-01", "2026-03-02"]
     assert third.outcomes["motor"] == 24

@@ -1,0 +1,51 @@
+"""Messages into a prediction store exactly as ingest writes them, for tests that need a filled store without Kafka.
+
+Each message goes through its own ingest composite's record and batch layout (:mod:`pipelines.ingest`) and the store's
+insert (which also keeps ``latest_predictions``), so a test's store has the pipeline's rows: there is one row layout,
+and it is the one the pipeline writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from contracts.messages import EdgeMessage
+from contracts.settings import KafkaSettings
+from pipelines.edge_trust import HeartbeatJudge
+from pipelines.ingest import IngestEvents, IngestHeartbeats, IngestPredictions, IngestTelemetrySummaries
+from store import PredictionStore
+
+INGESTS = (IngestPredictions, IngestEvents, IngestHeartbeats, IngestTelemetrySummaries)
+
+
+def store_messages(
+    path: Path, messages: Iterable[EdgeMessage], *, judge: HeartbeatJudge | None = None, first_offset: int = 0
+) -> int:
+    """Write predictions, events, heartbeats and telemetry summaries (in any mix) as ingest would; returns the rows
+    that were new. Heartbeats are judged by ``judge`` (none: an unsigned one reads as unsigned); the records'
+    offsets count from ``first_offset`` in the order given."""
+    by_model: dict[type, list[EdgeMessage]] = {}
+    for message in messages:
+        ingest = next((i for i in INGESTS if isinstance(message, i.model)), None)
+        if ingest is None:
+            raise TypeError(f"ingest stores no {type(message).__name__}")
+        by_model.setdefault(ingest.model, []).append(message)
+    store = PredictionStore(path)
+    written = 0
+    for ingest_type in INGESTS:
+        chosen: Sequence[EdgeMessage] = by_model.get(ingest_type.model, [])
+        if not chosen:
+            continue
+        ingest = (
+            IngestHeartbeats([], KafkaSettings(), str(path), judge=judge)
+            if ingest_type is IngestHeartbeats
+            else ingest_type([], KafkaSettings(), str(path))
+        )
+        rows = [
+            tuple(ingest.to_record(m, partition=0, offset=first_offset + i))  # type: ignore[misc]
+            for i, m in enumerate(chosen)
+        ]
+        written += store.insert_table(ingest.table, ingest.to_batch(rows, datetime.now(UTC)))
+    return written
