@@ -51,12 +51,11 @@ from pipelines.records import (
     telemetry_summary_record,
     to_micros,
 )
+from pipelines.run_log import WRITE_MS
 from store import PredictionStore
 
 DEAD = "dead"
 NAMESPACE = "precursor"
-WRITE_MS = "store.write_ms"
-"""Milliseconds of each store write (one transaction), a Beam distribution: the flow view's store latency."""
 UTC_MICROS = pa.timestamp("us", tz="UTC")
 
 

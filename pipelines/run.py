@@ -23,11 +23,9 @@ from pipelines.edge_trust import HeartbeatJudge
 from pipelines.engines import LOCAL, EngineSettings, counters, engine
 from pipelines.ingest import NAMESPACE, IngestEvents, IngestHeartbeats, IngestPredictions, IngestTelemetrySummaries
 from pipelines.kafka_io import PartitionRange, TopicMissing, plan_ranges
-from pipelines.run_log import distributions, record_run
+from pipelines.run_log import CONSUMER, distributions, record_run
 from pipelines.settings import PipelineSettings
 from store import Offset, PredictionStore
-
-CONSUMER = "ingest-v0"
 
 
 @dataclass

@@ -11,18 +11,26 @@ import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from apache_beam.runners.runner import PipelineResult
 from kafka.errors import KafkaError
 
 from contracts.settings import KafkaSettings
 from infra.energy import CostMeter
 from infra.kafka_admin import commit_group_offsets
-from pipelines.ingest import WRITE_MS
-from pipelines.kafka_io import PartitionRange
 from store.runs import PipelineRun, record_pipeline_run
 
+if TYPE_CHECKING:  # Beam is not imported here: the flow view (in the API) reads ingest_group without it
+    from apache_beam.runners.runner import PipelineResult
+
+    from pipelines.kafka_io import PartitionRange
+
 log = logging.getLogger("precursor.pipeline")
+
+CONSUMER = "ingest-v0"
+"""The ingest's consumer name: its offsets in the store, and (with the topic prefix) its Kafka group."""
+WRITE_MS = "store.write_ms"
+"""Milliseconds of each store write (one transaction), a Beam distribution: the flow view's store latency."""
 
 
 def ingest_group(settings: KafkaSettings, consumer: str) -> str:
