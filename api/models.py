@@ -7,6 +7,8 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipelines.flow import FlowReport
+
 T = TypeVar("T")
 
 Risk = Annotated[float, Field(ge=0, le=1)]
@@ -317,6 +319,11 @@ class Problem(Out):
     """An error: what was wrong, in words that name the field and value."""
 
     detail: str
+
+
+Flow = FlowReport
+"""``GET /flow``: the stages from reading to store with the bottleneck marked, and cost per prediction. The model is
+:class:`pipelines.flow.FlowReport`, which ``precursor status`` prints too."""
 
 
 MachineTimeline.model_rebuild()
