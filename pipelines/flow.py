@@ -479,11 +479,8 @@ def assess(
         chosen.bottleneck = True
         verdict = f"The {chosen.title.lower()} is the bottleneck: {chosen.reason}."
     elif any(s.state == "unknown" for s in stages):
-        verdict = (
-            "No stage is behind among those that could be read: "
-            + ", ".join(s.title for s in stages if s.state == "unknown")
-            + " could not be."
-        )
+        unread = ", ".join(s.title for s in stages if s.state == "unknown")
+        verdict = f"No stage read is behind; not read: {unread} (see problems)."
     else:
         verdict = "The flow keeps up: no stage is behind."
     return FlowReport(
