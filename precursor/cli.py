@@ -22,6 +22,7 @@ from precursor.pipeline_cli import pipeline_app
 from precursor.query_cli import query_app
 from precursor.serve_cli import serve_command
 from precursor.simulate_cli import simulate_command
+from precursor.status_cli import status_command
 
 app = typer.Typer(
     help="Precursor: predict machine failures at the edge, learn from what really happened.",
@@ -39,6 +40,7 @@ app.command("keys")(keys_command)
 app.command("train")(train_command)
 app.command("evaluate")(evaluate_command)
 app.command("serve")(serve_command)
+app.command("status")(status_command)
 
 
 @app.callback()
