@@ -501,6 +501,29 @@ class ModelRegistry:
             raise ValueError(f"version={version!r} does not match {VERSION_PATTERN}")
         return self.model_dir / version
 
+    def holds(self, version: str) -> bool:
+        """Whether anything (a published version, or one being published) takes ``version``'s place."""
+        return self._version_dir(version).exists()
+
+    def location_of(self, name: str) -> str:
+        """Where a file beside the versions is, as messages name it."""
+        return str(self.model_dir / name)
+
+    def read_pointer(self, name: str) -> bytes | None:
+        """A small file kept beside the versions (``champion.json``, ``rejected.json``); None when there is none."""
+        try:
+            return (self.model_dir / name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write_pointer(self, name: str, data: bytes) -> None:
+        """Write a file beside the versions atomically: readers see the old one or the new one, never half of one."""
+        self.model_dir.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(prefix=f".{name}.", dir=self.model_dir)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(temp, self.model_dir / name)
+
     def publish(self, artifact_dir: Path | str) -> RegistryEntry:
         """Copy a signed artifact in as a new version. Refuses tampered or unsigned artifacts and existing versions."""
         artifact_dir = Path(artifact_dir)
@@ -566,18 +589,15 @@ class ModelRegistry:
         """Point the champion at a published, verified version (atomically: readers never see a half-written file)."""
         self.get(version)
         pointer = {"version": version, "set_at": datetime.now(UTC).isoformat()}
-        fd, temp = tempfile.mkstemp(prefix=f".{CHAMPION_FILE}.", dir=self.model_dir)
-        with os.fdopen(fd, "w") as f:
-            json.dump(pointer, f)
-        os.replace(temp, self.model_dir / CHAMPION_FILE)
+        self.write_pointer(CHAMPION_FILE, json.dumps(pointer).encode())
 
     def champion(self) -> RegistryEntry | None:
         """The champion version, verified; None if no champion was set."""
-        path = self.model_dir / CHAMPION_FILE
-        if not path.is_file():
+        raw = self.read_pointer(CHAMPION_FILE)
+        if raw is None:
             return None
         try:
-            version = json.loads(path.read_text())["version"]
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ArtifactError(f"champion pointer {path} is not valid: {err}") from None
+            version = json.loads(raw)["version"]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+            raise ArtifactError(f"champion pointer {self.location_of(CHAMPION_FILE)} is not valid: {err}") from None
         return self.get(str(version))
