@@ -295,3 +295,42 @@ def test_the_models_page_shows_each_versions_calibration(
         # (the fleet page's live tail has no broker here: only the calibration's own requests are judged)
         failed = [e for e in browser.get_log("browser") if e["level"] == "SEVERE" and "/models/" in e["message"]]
         assert failed == []
+
+
+def test_the_machine_page_draws_the_sensor_lines_an_edge_sent(
+    browser: webdriver.Chrome, tmp_path: Path, kafka_settings: KafkaSettings
+) -> None:
+    from tests.test_telemetry_summaries import summaries_through_the_spine
+
+    store, sent = summaries_through_the_spine(tmp_path, kafka_settings)
+    machine = "pump-1"
+    mine = sorted((s for s in sent if s.machine_id == machine), key=lambda s: s.window_end)
+    sensors = sorted({name for s in mine for name in s.sensors})
+    app = create_app(ApiSettings(tokens=TOKEN, store=store), kafka_settings)
+    with serving(app) as base:
+        browser.get(f"{base}/dashboard/#token={TOKEN}")
+        wait_for("the fleet page", lambda: browser.execute_script("return document.body.dataset.ready") == "fleet")
+        browser.get(f"{base}/dashboard/#/machine/{machine}")
+        wait_for("the machine page", lambda: browser.execute_script("return document.body.dataset.ready") == "machine")
+        click(browser, "the All range", "//div[@class='ranges']/button[text()='All']")
+        wait_for(
+            "all of its history",
+            lambda: browser.execute_script(
+                "return document.body.dataset.ready === 'machine'"
+                " && document.querySelector('.ranges button.on')?.textContent === 'All'"
+            ),
+        )
+        assert browser.find_elements(By.CSS_SELECTOR, "#risk-chart svg")  # the risk above, on the same time axis
+        # A chart per sensor the edge summarized, each with its line and the latest reading the edge reported.
+        panels = read(browser, "#sensor-charts .sensor", "data-sensor", "data-points", "data-last")
+        assert [p[0] for p in panels] == sensors
+        for name, points, last in panels:
+            values = [s.sensors[name] for s in mine if name in s.sensors]
+            assert int(points) == len(values) and float(last) == values[-1].last
+            line = browser.find_elements(
+                By.CSS_SELECTOR, f'.sensor[data-sensor="{name}"] svg path[data-series="{name}"]'
+            )
+            assert len(line) == 1
+        screenshot(browser, "dashboard-machine-sensors.png")
+        errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE" and "/machines/" in e["message"]]
+        assert errors == []
