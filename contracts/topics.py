@@ -53,6 +53,8 @@ class Topics:
 
     @property
     def telemetry(self) -> str:
+        """Opt-in per-sensor summaries (:class:`~contracts.messages.TelemetrySummary`), keyed by machine_id; the raw
+        readings stay at the edge."""
         return self._name("telemetry")
 
     def specs(self, partitions: int = 6) -> list[TopicSpec]:

@@ -38,6 +38,7 @@ class AgentCollector(Collector):
             ("windows", "windows completed"),
             ("predictions", "predictions committed to the outbox"),
             ("heartbeats", "heartbeats committed to the outbox"),
+            ("summaries", "telemetry summaries committed to the outbox"),
             ("commits", "outbox transactions"),
             ("scoring_errors", "windows the model failed to score"),
             ("late_readings", "readings dropped as late (their window was already scored)"),
