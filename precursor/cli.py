@@ -18,6 +18,7 @@ from precursor.flows_cli import flows_app
 from precursor.kafka_cli import kafka_app
 from precursor.keys_cli import keys_command
 from precursor.models_cli import evaluate_command, train_command
+from precursor.objects_cli import objects_app
 from precursor.pipeline_cli import pipeline_app
 from precursor.query_cli import query_app
 from precursor.serve_cli import serve_command
@@ -35,6 +36,7 @@ app.add_typer(edge_app, name="edge")
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(query_app, name="query")
 app.add_typer(flows_app, name="flows")
+app.add_typer(objects_app, name="objects")
 app.command("simulate")(simulate_command)
 app.command("keys")(keys_command)
 app.command("train")(train_command)
