@@ -8,6 +8,8 @@ labels are the field's (they win over the files' events where the two differ); t
 maintenance) is the files'.
 
 Rows without telemetry (a machine or a time the files do not cover) are counted and left out, never guessed.
+
+The dataset is a local folder or an object store URL (``s3://bucket/labeled``); see :mod:`contracts.object_store`.
 """
 
 from __future__ import annotations
@@ -18,10 +20,18 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from contracts.object_store import ObjectStoreSettings, as_location, describe
 from models.dataset import HOUR_S, DatasetError, Fleet, LabeledWindow, WindowSpec, build_windows
-from pipelines.labeling import Example, day_file, day_of, examples_table, read_dataset, write_manifest
+from pipelines.labeling import (
+    Example,
+    dataset_exists,
+    day_of,
+    examples_table,
+    read_dataset,
+    write_day,
+    write_manifest,
+)
 
 MICROS = 1_000_000
 
@@ -35,11 +45,15 @@ class LabeledWindows:
     """Rows the telemetry files hold no window for."""
 
 
-def field_labels(dataset: Path) -> dict[tuple[str, int], tuple[str, float | None]]:
+def field_labels(
+    dataset: Path | str, settings: ObjectStoreSettings | None = None
+) -> dict[tuple[str, int], tuple[str, float | None]]:
     """``(machine_id, window_end_s) -> (outcome, lead_time_h)`` for every example; the first row wins on repeats."""
-    if not dataset.is_dir():
-        raise DatasetError(f"labeled_dataset={str(dataset)!r} is not a folder (run the labeling pipeline first)")
-    table = read_dataset(dataset)
+    dataset = as_location(dataset)
+    if not dataset_exists(dataset, settings):
+        what = "a folder" if isinstance(dataset, Path) else "there"
+        raise DatasetError(f"labeled_dataset={describe(dataset)!r} is not {what} (run the labeling pipeline first)")
+    table = read_dataset(dataset, settings)
     ends = pc.divide(table.column("window_end").cast(pa.int64()), MICROS).to_pylist()
     labels: dict[tuple[str, int], tuple[str, float | None]] = {}
     for machine_id, end_s, outcome, lead in zip(
@@ -53,9 +67,11 @@ def field_labels(dataset: Path) -> dict[tuple[str, int], tuple[str, float | None
     return labels
 
 
-def read_labeled_windows(dataset: Path, fleet: Fleet, spec: WindowSpec) -> LabeledWindows:
+def read_labeled_windows(
+    dataset: Path | str, fleet: Fleet, spec: WindowSpec, settings: ObjectStoreSettings | None = None
+) -> LabeledWindows:
     """Every labeled example that the fleet's telemetry has a window for, with the field's label."""
-    labels = field_labels(dataset)
+    labels = field_labels(dataset, settings)
     if not labels:
         return LabeledWindows([], 0, 0)
     first = min(end for _, end in labels)
@@ -78,7 +94,14 @@ def read_labeled_windows(dataset: Path, fleet: Fleet, spec: WindowSpec) -> Label
     return LabeledWindows(windows, rows=len(labels), without_telemetry=len(labels) - len(windows))
 
 
-def write_history(windows: Sequence[LabeledWindow], dataset: Path, *, horizon_h: float, source: str = "history") -> int:
+def write_history(
+    windows: Sequence[LabeledWindow],
+    dataset: Path | str,
+    *,
+    horizon_h: float,
+    source: str = "history",
+    settings: ObjectStoreSettings | None = None,
+) -> int:
     """Write windows labeled from historical files into the labeled dataset as examples; returns how many.
 
     For a fleet with history but no field predictions yet: the evidence then starts with the files' own labels.
@@ -110,9 +133,8 @@ def write_history(windows: Sequence[LabeledWindow], dataset: Path, *, horizon_h:
             threshold=None,
         )
         by_day.setdefault(day_of(end_us), []).append(example)
+    dataset = as_location(dataset)
     for day, examples in sorted(by_day.items()):
-        path = day_file(dataset, day)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(examples_table(examples), path)
-    write_manifest(dataset)
+        write_day(examples_table(examples), dataset, day, settings)
+    write_manifest(dataset, settings)
     return sum(len(v) for v in by_day.values())

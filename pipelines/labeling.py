@@ -16,6 +16,9 @@ The dataset (what a retraining loop needs):
 
 - Parquet, one file per day of window end: ``<dataset>/day=YYYY-MM-DD/part-0.parquet`` (Hive partitioning, so
   DuckDB, pyarrow and Spark read the folder as one table with a ``day`` column), rows sorted by machine and time.
+  ``<dataset>`` is a local folder or an object store URL (``s3://bucket/labeled``, see :mod:`contracts.object_store`);
+  workers that write days open it with the object store settings of their own environment, so no credential travels
+  inside the pipeline.
 - One row per final prediction: ``machine_id``, ``window_start``, ``window_end``, ``horizon_h`` (the window is the
   pointer to its telemetry), ``outcome`` (``ok`` or the failure kind, as in ``models.dataset.LabeledWindow``),
   ``failure_kinds`` (every kind that failed within the horizon) with ``failure_kinds_at`` (the first failure of each),
@@ -31,8 +34,8 @@ trust where they differ from a file's events, and ``risk`` per model version sho
 (hard examples, and the champion's score on the same windows for a challenger to beat).
 
 Idempotent: the dataset is a function of the store. Every run rebuilds the days it covers and rewrites a day's file
-only when its rows changed (written to a temporary file, then renamed), so re-running changes nothing, and cutting
-ingestion into more runs gives the same files.
+only when its rows changed (written to a temporary file, then renamed; on an object store, one PUT), so re-running
+changes nothing, and cutting ingestion into more runs gives the same files.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
+from contracts.object_store import ObjectStoreSettings, as_location, describe, filesystem, is_local, join
 from contracts.outcomes import ANY_FAILURE, OK, failure_kind
 from pipelines.engines import LOCAL, EngineSettings, counters, engine
 from pipelines.records import HOUR_US, MICROS
@@ -237,30 +241,50 @@ def examples_table(examples: Iterable[Example]) -> pa.Table:
     )
 
 
-def day_file(dataset: Path, day: str) -> Path:
-    return dataset / f"day={day}" / "part-0.parquet"
+DAY_FILES = "day=*/part-0.parquet"
+
+
+def day_file(dataset: Path | str, day: str) -> Path | str:
+    """Where a day's examples are: a ``Path`` in a local dataset, a URL in one on an object store."""
+    return join(dataset, f"day={day}", "part-0.parquet")
+
+
+def write_day(table: pa.Table, dataset: Path | str, day: str, settings: ObjectStoreSettings | None = None) -> bool:
+    """Write a day's examples unless the file holds exactly these rows already; whether it was written.
+
+    Readers see the old file or the new one, never half of one: a local file is written aside and renamed, an object
+    is one PUT.
+    """
+    fs, target = filesystem(day_file(dataset, day), settings)
+    if fs.isfile(target):
+        with fs.open(target, "rb") as f:
+            if pq.read_table(f, schema=SCHEMA).equals(table):
+                return False
+    if is_local(fs):
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=Path(target).parent, prefix=".part-0.", suffix=".tmp")
+        os.close(fd)
+        pq.write_table(table, temporary)
+        os.replace(temporary, target)
+    else:
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        fs.pipe_file(target, sink.getvalue().to_pybytes())
+    return True
 
 
 class WriteDay(beam.DoFn):
     """``(day, examples)`` -> the day's Parquet file, rewritten only when its rows changed. Emits ``(day, rows,
-    changed)``."""
+    changed)``. The dataset is a path or URL; object store settings come from the worker's environment."""
 
     def __init__(self, dataset: str) -> None:
-        self._dataset = Path(dataset)
+        self._dataset = dataset
 
     def process(self, element: tuple[str, Iterable[tuple[Any, ...]]]) -> Iterator[tuple[str, int, bool]]:
         day, rows = element
         table = examples_table(Example(*r) for r in rows)
-        target = day_file(self._dataset, day)
-        if target.is_file() and pq.read_table(target, schema=SCHEMA).equals(table):
-            yield day, table.num_rows, False
-            return
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=".part-0.", suffix=".tmp")
-        os.close(fd)
-        pq.write_table(table, temporary)
-        os.replace(temporary, target)  # readers see the old file or the new one, never half of one
-        yield day, table.num_rows, True
+        changed = write_day(table, as_location(self._dataset), day)
+        yield day, table.num_rows, changed
 
 
 class LabelPredictions(beam.PTransform):
@@ -324,30 +348,53 @@ class LabelingReport:
     outcomes: dict[str, int] = field(default_factory=dict)
     days: list[str] = field(default_factory=list)
     days_rewritten: list[str] = field(default_factory=list)
-    dataset: Path | None = None
+    dataset: Path | str | None = None
     seconds: float = 0.0
 
 
-def write_manifest(dataset: Path) -> None:
+def write_manifest(dataset: Path | str, settings: ObjectStoreSettings | None = None) -> None:
     manifest = {"format": DATASET_FORMAT, "label_rule": LABEL_RULE, "partitioning": "hive: day=YYYY-MM-DD"}
-    path = dataset / "_dataset.json"
-    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-    if not path.is_file() or path.read_text() != text:
-        path.write_text(text)
+    fs, path = filesystem(join(dataset, "_dataset.json"), settings)
+    data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    if not fs.isfile(path) or fs.cat_file(path) != data:
+        if is_local(fs):
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fs.pipe_file(path, data)
+
+
+def dataset_exists(dataset: Path | str, settings: ObjectStoreSettings | None = None) -> bool:
+    """Whether the dataset is there: a local folder, or any object under the URL's prefix."""
+    fs, root = filesystem(dataset, settings)
+    fs.invalidate_cache(root)
+    return bool(fs.isdir(root))
+
+
+def day_files(dataset: Path | str, settings: ObjectStoreSettings | None = None) -> list[str]:
+    """Every day file of the dataset, sorted: local paths, or URLs for a dataset on an object store."""
+    fs, root = filesystem(dataset, settings)
+    fs.invalidate_cache(root)
+    found = sorted(fs.glob(f"{root.rstrip('/')}/{DAY_FILES}"))
+    return found if is_local(fs) else [fs.unstrip_protocol(path) for path in found]
 
 
 def dataset_glob(dataset: str | Path) -> str | None:
-    """The file pattern of a dataset's day files, or ``None`` while it has none."""
-    pattern = "day=*/part-0.parquet"
-    return str(Path(dataset) / pattern) if any(Path(dataset).glob(pattern)) else None
+    """The file pattern of a local dataset's day files, or ``None`` while it has none."""
+    return str(Path(dataset) / DAY_FILES) if any(Path(dataset).glob(DAY_FILES)) else None
 
 
-def read_dataset(dataset: str | Path) -> pa.Table:
-    """Every example of a labeled dataset folder as one table (without the ``day`` partition column)."""
-    files = sorted(Path(dataset).glob("day=*/part-0.parquet"))
+def read_day_file(path: str, settings: ObjectStoreSettings | None = None) -> pa.Table:
+    """One day file (a local path or a URL) as a table of the dataset's schema."""
+    fs, inside = filesystem(as_location(path), settings)
+    with fs.open(inside, "rb") as f:
+        return pq.read_table(f, schema=SCHEMA)
+
+
+def read_dataset(dataset: str | Path, settings: ObjectStoreSettings | None = None) -> pa.Table:
+    """Every example of a labeled dataset (a folder or a URL) as one table (without the ``day`` partition column)."""
+    files = day_files(as_location(dataset), settings)
     if not files:
         return SCHEMA.empty_table()
-    return pa.concat_tables(pq.read_table(f, schema=SCHEMA) for f in files)
+    return pa.concat_tables(read_day_file(f, settings) for f in files)
 
 
 def run_labeling(
@@ -359,11 +406,13 @@ def run_labeling(
     beam_args: list[str] | None = None,
     engine_settings: EngineSettings | None = None,
 ) -> LabelingReport:
-    """Label every stored prediction whose outcome is decided, into the Parquet dataset at ``dataset``."""
+    """Label every stored prediction whose outcome is decided, into the Parquet dataset at ``dataset`` (a folder or
+    an object store URL, reached with the object store settings of the environment)."""
     started = time.monotonic()
     settings = settings or PipelineSettings()
-    dataset = Path(dataset)
-    dataset.mkdir(parents=True, exist_ok=True)
+    dataset = as_location(dataset)
+    if isinstance(dataset, Path):
+        dataset.mkdir(parents=True, exist_ok=True)
     report = LabelingReport(dataset=dataset)
     with tempfile.TemporaryDirectory(prefix="labeling-", dir=settings.work_dir) as work:
         snapshot = take_snapshot(store_path, work)
@@ -382,7 +431,7 @@ def run_labeling(
             | "LabelPredictions" >> LabelPredictions(settings.allowed_lateness_s * MICROS)
             | "KeyByDay" >> beam.Map(lambda e: (day_of(e[2]), e))
             | "GroupByDay" >> beam.GroupByKey()
-            | "WriteDays" >> beam.ParDo(WriteDay(str(dataset)))
+            | "WriteDays" >> beam.ParDo(WriteDay(describe(dataset)))
             | "DescribeDays" >> beam.MapTuple(lambda day, rows, changed: json.dumps([day, rows, changed]))
             | "WriteDayList" >> beam.io.WriteToText(str(results), shard_name_template="")
         )

@@ -38,11 +38,12 @@ import pyarrow as pa
 from apache_beam.transforms.window import GlobalWindows, SlidingWindows, TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
+from contracts.object_store import as_location
 from contracts.outcomes import ANY_FAILURE, OK
 from pipelines.drift import DriftReference, psi, risk_bin, shares
 from pipelines.engines import LOCAL, EngineSettings, engine
 from pipelines.labeling import ReadParquetRows as ReadStoreRows
-from pipelines.labeling import StoredEvent, StoredPrediction, dataset_glob
+from pipelines.labeling import StoredEvent, StoredPrediction, dataset_glob, day_files, read_day_file
 from pipelines.records import MICROS, from_micros, to_micros
 from pipelines.settings import PipelineSettings
 from pipelines.snapshot import take_snapshot
@@ -346,15 +347,23 @@ def run_monitoring(
     started = time.monotonic()
     settings = settings or PipelineSettings()
     reference = reference or DriftReference()
-    dataset_files = dataset_glob(dataset)
+    dataset = as_location(dataset)
+    # A local dataset is one file pattern for Beam's reader; one on an object store is read file by file through
+    # fsspec, each worker with the object store settings of its own environment.
+    local_files = dataset_glob(dataset) if isinstance(dataset, Path) else None
+    remote_files = [] if isinstance(dataset, Path) else day_files(dataset)
     with tempfile.TemporaryDirectory(prefix="monitoring-", dir=settings.work_dir) as work:
         snapshot = take_snapshot(store_path, work)
         out = Path(work)
         pipeline = engine(runner, beam_args, engine_settings).pipeline()
-        if dataset_files is not None:
+        tables = None
+        if local_files is not None:
+            tables = pipeline | "ReadExamples" >> beam.io.ReadFromParquetBatched(local_files)
+        elif remote_files:
+            tables = pipeline | "ListDays" >> beam.Create(remote_files) | "ReadExamples" >> beam.Map(read_day_file)
+        if tables is not None:
             _ = (
-                pipeline
-                | "ReadExamples" >> beam.io.ReadFromParquetBatched(dataset_files)
+                tables
                 | "ToExamples" >> beam.FlatMap(_example_dicts)
                 | "MeasureQuality" >> MeasureQuality(settings)
                 | "WriteMetrics" >> beam.io.WriteToText(str(out / "metrics"), shard_name_template="")
