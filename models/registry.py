@@ -90,7 +90,7 @@ class ArtifactManifest(BaseModel):
     @classmethod
     def _safe_names(cls, files: dict[str, FileEntry]) -> dict[str, FileEntry]:
         for name in files:
-            problem = _unsafe_member_name(name)
+            problem = unsafe_member_name(name)
             if problem:
                 raise ValueError(f"file name {name!r} {problem}")
             if name in (MANIFEST_FILE, SIGNATURE_FILE):
@@ -138,7 +138,7 @@ def _artifact_files(artifact_dir: Path) -> Iterator[tuple[str, Path]]:
         yield name, path
 
 
-def _unsafe_member_name(name: str) -> str | None:
+def unsafe_member_name(name: str) -> str | None:
     """Why ``name`` cannot be a file inside an artifact or archive, or None if it can."""
     if not name or "\x00" in name or "\\" in name:
         return "is empty or holds a NUL or backslash"
@@ -299,7 +299,7 @@ def _checked_members(tar: tarfile.TarFile, archive_path: Path, max_bytes: int, m
     total = 0
     for member in members:
         name = member.name.rstrip("/") if member.isdir() else member.name
-        problem = _unsafe_member_name(name)
+        problem = unsafe_member_name(name)
         if problem:
             raise ArtifactError(f"archive {archive_path}: entry {member.name!r} {problem}; refusing to unpack")
         if not (member.isfile() or member.isdir()):
