@@ -7,8 +7,9 @@ targets, and ``canary_edges``, when set, names this edge):
    signature as a whole by a trusted key and that it has not expired, and that it does not go back on what this edge
    accepted for its target (an older issue, a lower version unless signed as a rollback, another artifact under an
    accepted version; the ledger survives restarts); a repeat of the accepted release is a logged no-op;
-2. fetch the artifact its ``artifact_uri`` names (``file://`` folder or packed archive, or ``http(s)://`` archive),
-   bounded by ``updates.max_bytes``, into a staging folder renamed into its own folder once complete;
+2. fetch the artifact its ``artifact_uri`` names (``file://`` folder or packed archive, ``http(s)://`` archive, or
+   ``s3://`` registry version or archive, which needs the ``s3`` extra), bounded by ``updates.max_bytes``, into a
+   staging folder renamed into its own folder once complete;
 3. verify it against the release, once, just before it loads: the manifest's sha256 is the release's, the ed25519
    signature is by a trusted key, every file matches the manifest (:func:`models.registry.verify_release`); a folder
    that fails is removed;
@@ -40,17 +41,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import AwareDatetime, BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from contracts.messages import ContractError, ModelRelease, decode
+from contracts.object_store import S3_PROTOCOLS, ObjectStoreError, ObjectStoreSettings, filesystem
 from contracts.outcomes import ANY_FAILURE
 from contracts.versions import version_key
 from edge_agent.config import EdgeConfig, SelfTestSpec
 from edge_agent.scorers import RunningModel, ScorerSlot, load_trusted_keys, open_lm
-from models.registry import ArtifactError, unpack, verify_release
+from models.registry import ArtifactError, unpack, unsafe_member_name, verify_release
 from models.releases import (
     KEYRING_FILE,
     ExpiredReleaseError,
@@ -64,6 +67,9 @@ from models.releases import (
 )
 from models.scoring import Scorer, Window
 from models.signing import SignatureError
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 log = logging.getLogger("precursor.edge.updates")
 
@@ -259,8 +265,10 @@ class ModelUpdater:
         slot: ScorerSlot,
         recent_windows: Callable[[], list[Window]],
         on_change: Callable[[], None] = lambda: None,
+        object_store: ObjectStoreSettings | None = None,
     ) -> None:
         self.config = config
+        self.object_store = object_store  # None: PRECURSOR_S3_* / AWS_* of the environment, read when fetching
         self.slot = slot
         self.recent_windows = recent_windows
         self.on_change = on_change
@@ -460,8 +468,10 @@ class ModelUpdater:
                 self._download(release.artifact_uri, archive)
                 unpack(archive, target, max_bytes=self.config.updates.max_bytes)
                 archive.unlink()
+            elif uri.scheme in S3_PROTOCOLS:
+                self._fetch_object(release.artifact_uri, staging, target)
             else:
-                raise UpdateRefused(f"artifact_uri scheme {uri.scheme!r} is not supported (file, http, https)")
+                raise UpdateRefused(f"artifact_uri scheme {uri.scheme!r} is not supported (file, http, https, s3)")
         except ArtifactError as err:
             shutil.rmtree(staging, ignore_errors=True)
             raise UpdateRefused(f"cannot unpack the artifact: {err}") from None
@@ -476,6 +486,43 @@ class ModelUpdater:
             entry.rename(staging / entry.name)
         target.rmdir()
         return staging
+
+    def _fetch_object(self, url: str, staging: Path, target: Path) -> None:
+        """An artifact on an object store: a registry version (the objects under ``url/``) or one packed archive."""
+        try:
+            fs, path = filesystem(url, self.object_store)
+            self._copy_objects(fs, path.rstrip("/"), url, staging, target)
+        except (UpdateRefused, ArtifactError):
+            raise
+        except ObjectStoreError as err:  # e.g. the extra is not installed: fixed without a new release
+            raise UpdateRefused(f"cannot fetch {url}: {err}", lasting=False) from None
+        except Exception as err:  # the store's client raises its own errors (no endpoint, denied): a fetch that failed
+            raise UpdateRefused(f"cannot fetch {url}: {type(err).__name__}: {err}", lasting=False) from None
+
+    def _copy_objects(self, fs: AbstractFileSystem, path: str, url: str, staging: Path, target: Path) -> None:
+        limit = self.config.updates.max_bytes
+        fs.invalidate_cache(path)
+        if fs.isfile(path):
+            size = fs.size(path)
+            if size is not None and size > limit:
+                raise UpdateRefused(f"artifact at {url} is {size} bytes, larger than updates.max_bytes={limit}")
+            fs.get_file(path, str(staging / "artifact.tar"))
+            unpack(staging / "artifact.tar", target, max_bytes=limit)
+            (staging / "artifact.tar").unlink()
+            return
+        found = fs.find(path, detail=True)
+        if not found:
+            raise UpdateRefused(f"artifact_uri {url}: no such object or prefix", lasting=False)
+        total = sum(int(info.get("size") or 0) for info in found.values())
+        if total > limit:
+            raise UpdateRefused(f"artifact at {url} is {total} bytes, larger than updates.max_bytes={limit}")
+        for key in sorted(found):
+            name = key[len(path) + 1 :]
+            problem = unsafe_member_name(name)
+            if problem:
+                raise UpdateRefused(f"artifact at {url}: object {name!r} {problem}")
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(key, str(target / name))
 
     def _download(self, url: str, out: Path) -> None:
         limit = self.config.updates.max_bytes
