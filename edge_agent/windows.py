@@ -15,7 +15,9 @@ The rule for out-of-order, late and repeated data (documented, and counted):
   windows for the gap).
 
 A :class:`WindowJournal` hears of every reading the builder keeps and every boundary it passes, so the agent can
-persist the open windows with the outbox and :meth:`WindowBuilder.restore` them after a restart.
+persist the open windows with the outbox and :meth:`WindowBuilder.restore` them after a restart. A
+:class:`BoundaryObserver` is shown a machine's held readings at each boundary, before the oldest are forgotten (the
+telemetry summaries are cut there).
 """
 
 from __future__ import annotations
