@@ -34,6 +34,7 @@ from prefect.context import FlowRunContext
 from prefect.utilities.annotations import quote
 from pydantic import BaseModel, ConfigDict
 
+from contracts.object_store import describe, is_url
 from flows.evidence import Evidence, split_evidence
 from flows.labeled import read_labeled_windows
 from flows.promotion import Comparison, ModelEvaluation, comparison_markdown, evaluate_model, held_out_summary, judge
@@ -44,6 +45,7 @@ from flows.settings import RetrainSettings
 from flows.training import train_candidate_on
 from models.dataset import Fleet
 from models.export import ExportParityError
+from models.object_registry import open_registry
 from models.registry import ModelRegistry, RegistryEntry, release_for
 from models.releases import ReleaseSigner
 from models.signing import TrustedKeys, key_id, load_private_key, load_public_keys
@@ -82,7 +84,10 @@ def trusted_keys_of(settings: RetrainSettings) -> TrustedKeys:
 
 
 def registry_of(settings: RetrainSettings) -> ModelRegistry:
-    return ModelRegistry(settings.registry, trusted_keys_of(settings), settings.model_name)
+    """The registry the settings name: a local folder, or on an object store (verified local copies in the cache)."""
+    return open_registry(
+        settings.registry, trusted_keys_of(settings), settings.model_name, settings=settings.object_store
+    )
 
 
 def check_signing_key(settings: RetrainSettings) -> str:
@@ -102,7 +107,7 @@ def new_version(registry: ModelRegistry, work_dir: Path, now: datetime) -> str:
     base = now.astimezone(UTC).strftime("%Y.%m.%d.%H%M%S")
     taken = {e.version for e in registry.list()}
     version, n = base, 1
-    while version in taken or (registry.model_dir / version).exists() or (work_dir / version).exists():
+    while version in taken or registry.holds(version) or (work_dir / version).exists():
         n += 1
         version = f"{base}-{n}"
     return version
@@ -116,7 +121,9 @@ def new_version(registry: ModelRegistry, work_dir: Path, now: datetime) -> str:
 )
 def load_evidence(settings: RetrainSettings) -> Evidence:
     fleet = Fleet.load(settings.telemetry, settings.events, settings.machines)
-    labeled = read_labeled_windows(settings.labeled_dataset, fleet, settings.training.window_spec())
+    labeled = read_labeled_windows(
+        settings.labeled_dataset, fleet, settings.training.window_spec(), settings.object_store
+    )
     evidence = split_evidence(labeled.windows, holdout_h=settings.holdout_h, horizon_h=settings.horizon_h)
     _logger().info(
         "evidence: %d labeled windows (%d examples, %d without telemetry), %d for training, %d held out (from %s)",
@@ -136,7 +143,7 @@ def train_candidate(evidence: Evidence, settings: RetrainSettings, checkpoint_di
         evidence.training,
         checkpoint_dir,
         settings.training,
-        data={"labeled_dataset": str(settings.labeled_dataset.resolve())},
+        data={"labeled_dataset": describe(settings.labeled_dataset)},
     )
     _logger().info(
         "candidate trained in %.1f s: best step %d, validation %s",
@@ -214,9 +221,14 @@ def export_and_sign(evidence: Evidence, settings: RetrainSettings, checkpoint_di
 
 @task(name="register", cache_policy=NO_CACHE)
 def register(settings: RetrainSettings, artifact: Path) -> RegistryEntry:
-    entry = registry_of(settings).publish(artifact)
+    registry = registry_of(settings)
+    entry = registry.publish(artifact)
     _logger().info(
-        "registered %s %s at %s (signed by key %s)", entry.model_name, entry.version, entry.path, entry.key_id
+        "registered %s %s at %s (signed by key %s)",
+        entry.model_name,
+        entry.version,
+        registry.location_of(entry.version),
+        entry.key_id,
     )
     return entry
 
@@ -230,8 +242,10 @@ def register(settings: RetrainSettings, artifact: Path) -> RegistryEntry:
 )
 def roll_out(settings: RetrainSettings, entry: RegistryEntry, previous: RegistryEntry | None) -> RolloutReport:
     def uri(e: RegistryEntry) -> str | None:
-        base = settings.artifact_base_uri
-        return f"{base.rstrip('/')}/{e.model_name}/{e.version}" if base else None
+        # Edges fetch from where the registry is (an object store URL), unless told otherwise; a local registry's
+        # entries announce their file:// URI.
+        base = settings.artifact_base_uri or (settings.registry if is_url(settings.registry) else None)
+        return f"{str(base).rstrip('/')}/{e.model_name}/{e.version}" if base else None
 
     candidate = release_for(entry.path, artifact_uri=uri(entry), target=settings.release_target)
     before = (

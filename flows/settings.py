@@ -34,6 +34,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from contracts.durations import Duration
 from contracts.messages import Identifier
+from contracts.object_store import Location, ObjectStoreSettings
 from contracts.settings import KafkaSettings, PrecursorSettings
 from models.registry import DEFAULT_MODEL_NAME
 from models.train import TrainSettings
@@ -88,10 +89,10 @@ class RetrainSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="PRECURSOR_RETRAIN_", env_nested_delimiter="__", extra="forbid")
 
-    labeled_dataset: Path = Field(
+    labeled_dataset: Location = Field(
         default_factory=in_state("datasets", "labeled"),
         description="the labeling pipeline's examples (Parquet, a folder a day), where `precursor pipeline label` "
-        "writes them by default",
+        "writes them by default; a folder or an object store URL (s3://bucket/labeled)",
     )
     telemetry: Path = Field(
         default_factory=in_state("telemetry", "telemetry.csv"),
@@ -102,7 +103,10 @@ class RetrainSettings(BaseSettings):
     work_dir: Path = Field(
         default_factory=in_state("flows", "retrain"), description="one folder per run: checkpoint, export"
     )
-    registry: Path = Field(default_factory=in_state("registry"), description="the registry root of signed artifacts")
+    registry: Location = Field(
+        default_factory=in_state("registry"),
+        description="the registry root of signed artifacts: a folder or an object store URL (s3://bucket/registry)",
+    )
     model_name: Identifier = DEFAULT_MODEL_NAME
     signing_key: Path = Field(
         default_factory=in_state("keys", "precursor.key"),
@@ -142,7 +146,13 @@ class RetrainSettings(BaseSettings):
         timedelta(days=30), description="how long a release stays valid after it is issued; edges refuse it after that"
     )
     artifact_base_uri: str | None = Field(
-        None, description="where edges fetch artifacts (URI prefix + /<model>/<version>); file:// of the registry"
+        None,
+        description="where edges fetch artifacts (URI prefix + /<model>/<version>); default: the registry's URL, or "
+        "file:// of a local registry",
+    )
+    object_store: ObjectStoreSettings = Field(
+        default_factory=ObjectStoreSettings,
+        description="how to reach an object store location (PRECURSOR_S3_* or the standard AWS_* variables)",
     )
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
 
