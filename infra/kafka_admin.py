@@ -86,10 +86,11 @@ class BrokerUnreachable(ConnectionError):
     """No bootstrap server accepts a connection; the message names each server and why, and how to start one."""
 
 
-def check_reachable(servers: Sequence[str], timeout_s: float = 3.0) -> None:
+def check_reachable(servers: Sequence[str], timeout_s: float = 3.0) -> str:
     """Fail fast with a clear message: a kafka-python client with no broker blocks ~30 s before it says so.
 
-    A plain TCP connect to each server in turn, ``timeout_s`` in all; the first that accepts is enough. The edge
+    A plain TCP connect to each server in turn, ``timeout_s`` in all; the first that accepts is enough (and is
+    returned). The edge
     publisher, the pipeline command and the API's live tail all ask here, so they agree on what "reachable" means.
     """
     deadline = time.monotonic() + timeout_s
@@ -101,7 +102,7 @@ def check_reachable(servers: Sequence[str], timeout_s: float = 3.0) -> None:
             continue
         try:
             with socket.create_connection(split_host_port(server), timeout=remaining):
-                return
+                return server
         except (OSError, ValueError) as err:
             errors.append(f"{server}: {err}")
     raise BrokerUnreachable(
@@ -410,11 +411,13 @@ def consumer_lag(
     now: datetime | None = None,
     timeout_s: float = 5.0,
     missing_ok: bool = False,
+    at_least: Mapping[tuple[str, int], int] | None = None,
 ) -> list[TopicBacklog]:
     """Per topic: the group's lag and the records appended in the last ``window_s``, through one admin client.
 
     A topic the cluster lacks raises :class:`KafkaError` naming it, or with ``missing_ok`` is left out (an opt-in
-    topic nobody created).
+    topic nobody created). ``at_least``: ``(topic, partition) -> offset`` the consumer is known to have reached
+    elsewhere (a consumer whose group commits are a best-effort mirror of its own record).
     """
     now = now or datetime.now(UTC)
     since_ms = int(now.timestamp() * 1000 - window_s * 1000)
@@ -445,6 +448,7 @@ def consumer_lag(
             tail, head = latest[tp].offset, earliest[tp].offset
             mark = committed.get(tp)
             position = mark.offset if mark is not None and mark.offset >= 0 else head
+            position = max(position, (at_least or {}).get((tp.topic, tp.partition), 0))
             since = recent[tp].offset
             end += tail
             done += min(max(position, head), tail)
