@@ -249,6 +249,24 @@ class ModelSpec(_Strict):
         return self
 
 
+class ExplainSpec(_Strict):
+    """Why each alerting prediction: the context that moved its risk most, by occlusion on the running model
+    (:mod:`models.explain`), sent in the prediction's ``reasons``. Only windows at or above the alert threshold are
+    explained, so the cost follows the alert rate; models that cannot be explained (the baseline) send none."""
+
+    enabled: bool = True
+    threshold: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        None, description="explain windows at or above this risk; default: the model's own alert threshold"
+    )
+    max_reasons: Annotated[int, Field(ge=1, le=8)] = 3
+    min_log_odds_drop: Annotated[float, Field(ge=0, le=20)] = Field(
+        0.1, description="a piece of context whose removal lowers the risk's log-odds by less is no reason"
+    )
+    max_sensors: Annotated[int, Field(ge=1, le=1024)] = Field(
+        32, description="sensors tried per window; more are ranked by how far their readings lie from the middle"
+    )
+
+
 class SelfTestSpec(_Strict):
     """What a new model must show on the agent's recent windows before it replaces the running one."""
 
@@ -329,6 +347,7 @@ class EdgeConfig(_Strict):
     sources: list[Source] = Field(min_length=1)
     window: WindowSpec = Field(default_factory=WindowSpec)
     model: ModelSpec = Field(default_factory=ModelSpec)
+    explain: ExplainSpec = Field(default_factory=ExplainSpec)
     updates: UpdatesSpec = Field(default_factory=UpdatesSpec)
     outbox: OutboxSpec = Field(default_factory=OutboxSpec)
     machines: MachinePolicy = Field(default_factory=MachinePolicy)
