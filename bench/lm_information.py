@@ -91,18 +91,21 @@ def main(argv: list[str] | None = None) -> None:
         pr = [average_precision(y, model.predict_proba(x)[:, 1]) for x, y in zip(columns[1:], labels[1:], strict=True)]
         print(f"{name:58s} {columns[0].shape[1]:4d} columns  validation {pr[0]:.3f}  test {pr[1]:.3f}", flush=True)
 
-    tokenizer = TelemetryTokenizer(settings.tokenizer_settings())
+    tokenizer = TelemetryTokenizer(settings.tokenizer)
     tokenizer.fit([w.window for w in train], outcomes=[w.outcome for w in train])
     tokens = [token_columns(tokenizer, train)]
     tokens += [token_columns(tokenizer, ws, tokens[0].shape[1]) for ws in (validation, test)]
     fit_and_score("1. the LM's tokens", tokens)
 
-    spec = baseline_features([w.window for w in train], settings.tokenizer_settings().model_dump())
+    spec = baseline_features([w.window for w in train], settings.tokenizer.model_dump())
     feature_names = spec.names()
     sensor_stat = {
-        f"{s}:b{b}{stat}" for stat in settings.block_stats for b in range(settings.blocks) for s in spec.scaling.sensors
+        f"{s}:b{b}{stat}"
+        for stat in settings.tokenizer.block_stats
+        for b in range(settings.tokenizer.blocks)
+        for s in spec.scaling.sensors
     }
-    sensor_stat |= {f"{s}:w{stat}" for stat in settings.window_stats for s in spec.scaling.sensors}
+    sensor_stat |= {f"{s}:w{stat}" for stat in settings.tokenizer.window_stats for s in spec.scaling.sensors}
     is_sensor = [":w" in n or ":b" in n for n in feature_names]
     keep = [i for i, n in enumerate(feature_names) if n in sensor_stat or not is_sensor[i]]
     features = [feature_matrix([w.window for w in ws], spec) for ws in (train, validation, test)]

@@ -290,7 +290,7 @@ def run_baselines(prepared: Prepared, settings: TrainSettings, seed: int) -> dic
 
     windows = [w.window for w in prepared.train]
     failed = [w.failed for w in prepared.train]
-    features = baseline_features(windows, settings.tokenizer_settings().model_dump(mode="json"))
+    features = baseline_features(windows, settings.tokenizer.model_dump(mode="json"))
     out: dict[str, dict[str, Any]] = {}
     for baseline in (
         GradientBoostingBaseline(features, horizon_h=settings.horizon_h, seed=seed),

@@ -165,7 +165,8 @@ class RetrainSettings(BaseSettings):
     def _one_horizon(self) -> RetrainSettings:
         # One horizon for the question the model answers, the labels and the held-out judging.
         if self.training.horizon_h != self.horizon_h:
-            self.training = self.training.model_copy(update={"horizon_h": self.horizon_h})
+            tokenizer = self.training.tokenizer.model_copy(update={"horizon_h": self.horizon_h})
+            self.training = self.training.model_copy(update={"tokenizer": tokenizer})
         return self
 
 

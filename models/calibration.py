@@ -235,6 +235,18 @@ def brier_score(failed: Sequence[bool] | np.ndarray, risks: Sequence[float] | np
     return float(np.round(np.mean((p - y) ** 2), 15))
 
 
+def log_loss(failed: Sequence[bool] | np.ndarray, risks: Sequence[float] | np.ndarray) -> float:
+    """Mean negative log-likelihood of the outcomes under the risks (``-log risk`` where a window failed, else
+    ``-log(1 - risk)``), each probability floored at 1e-7: training picks its checkpoint on it after PR-AUC.
+
+    >>> round(log_loss([True, False], [0.8, 0.4]), 4)
+    0.367
+    """
+    y = np.asarray(failed, dtype=bool)
+    p = np.asarray(risks, dtype=np.float64)
+    return float(-np.mean(np.log(np.clip(np.where(y, p, 1.0 - p), 1e-7, 1.0))))
+
+
 def reliability_bins(
     failed: Sequence[bool] | np.ndarray, risks: Sequence[float] | np.ndarray, bins: int = 10
 ) -> list[ReliabilityBin]:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import numpy as np
 import torch
@@ -42,7 +42,7 @@ from torch.optim.swa_utils import AveragedModel
 from transformers import PreTrainedModel
 
 from contracts.outcomes import OK
-from models.calibration import brier_score, expected_calibration_error, fit_platt, reliability_bins
+from models.calibration import brier_score, expected_calibration_error, fit_platt, log_loss, reliability_bins
 from models.dataset import (
     DatasetError,
     Fleet,
@@ -74,37 +74,32 @@ from models.tokenizer import TelemetryTokenizer, TokenizerSettings
 
 log = logging.getLogger(__name__)
 
-Statistic = Literal["mean", "std", "slope", "last", "min", "max"]
+DEFAULT_WINDOW_H = 30.0
+"""The window length where none is given (``precursor train`` defaults it to the horizon)."""
 
 
 class TrainSettings(BaseModel):
-    """Everything ``precursor train`` can be told, with defaults that fit C-MAPSS-sized data on two CPU cores."""
+    """Everything ``precursor train`` can be told, with defaults that fit C-MAPSS-sized data on two CPU cores.
+
+    The tokenizer's settings are its own object (``tokenizer``, with the horizon and window length the labels use as
+    well); they may also be given by their names at the top level (``blocks=3``, as ``precursor train --set`` and
+    retrain variables name them), where they win over the same names inside ``tokenizer``.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    horizon_h: Annotated[float, Field(gt=0)]
-    window_h: Annotated[float, Field(gt=0)] = 30.0
+    tokenizer: TokenizerSettings
+    # Its defaults are the ones trained here. One level token per block and sensor, and the trend and spread over the
+    # whole window: on C-MAPSS FD001 this beat mean, std and slope per block (test PR-AUC 0.93 against 0.85), with
+    # fewer tokens to attend over. residual: each sensor as what the others do not explain (models.features.
+    # SensorScaling), for fleets whose sensors all follow a varying operating point. restart_at_failure: statistics
+    # start again after a failure inside the window, so the repaired machine is measured apart from the one that
+    # failed (models.features.blank_before_failure); opt-in: on the simulator's fleet it narrowed the gap to gradient
+    # boosting (0.014-0.022 against 0.025-0.037) more by what it took from the trees than by what the LM gained (0.529
+    # and 0.521 against 0.516 and 0.528).
+    # windows
     every_h: Annotated[float, Field(gt=0)] = 1.0
     min_points: Annotated[int, Field(ge=1)] = 3
-    # tokenizer
-    # One level token per block and sensor, and the trend and spread over the whole window: on C-MAPSS FD001 this
-    # beat mean, std and slope per block (test PR-AUC 0.93 against 0.85), with fewer tokens to attend over.
-    blocks: Annotated[int, Field(ge=1, le=32)] = 4
-    bins: Annotated[int, Field(ge=2, le=64)] = 16
-    block_stats: tuple[Statistic, ...] = ("mean",)
-    window_stats: tuple[Statistic, ...] = ("slope", "std")
-    scaling: Literal["machine", "fleet"] = "machine"
-    daily_profile: bool = False
-    # Each sensor as what the others do not explain (models.features.SensorScaling): for fleets whose sensors all
-    # follow a varying operating point.
-    residual: bool = False
-    # Statistics start again after a failure inside the window: the repaired machine is measured apart from the one
-    # that failed (models.features.blank_before_failure). Opt-in: on the simulator's fleet it narrowed the gap to
-    # gradient boosting (0.014-0.022 against 0.025-0.037) more by what it took from the trees than by what the LM
-    # gained (0.529 and 0.521 against 0.516 and 0.528).
-    restart_at_failure: bool = False
-    max_length: Annotated[int, Field(ge=8, le=8192)] = 256
-    event_lookback_h: Annotated[float, Field(ge=0)] = 72.0
     # model
     # The defaults are ModelConfig's (see there for why), read from it so the two cannot drift apart.
     n_layer: Annotated[int, Field(ge=1)] = ModelConfig.n_layer
@@ -154,36 +149,39 @@ class TrainSettings(BaseModel):
     # The int8 export must make the fp32 model's alert decision on at least this share of validation windows.
     min_int8_agreement: Annotated[float, Field(ge=0, le=1)] = 0.99
 
+    @model_validator(mode="before")
+    @classmethod
+    def _tokenizer_names_at_the_top(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        flat = {name: data[name] for name in TokenizerSettings.model_fields if name in data}
+        nested = data.get("tokenizer", {})
+        if isinstance(nested, TokenizerSettings):
+            nested = nested.model_dump()
+        if not isinstance(nested, dict):
+            return data  # not a mapping: the field's own validation says what is wrong
+        rest = {k: v for k, v in data.items() if k not in flat}
+        return {**rest, "tokenizer": {"window_h": DEFAULT_WINDOW_H, **nested, **flat}}
+
+    @property
+    def horizon_h(self) -> float:
+        """The question the model answers: a failure within this many hours after a window's end."""
+        return self.tokenizer.horizon_h
+
     @model_validator(mode="after")
     def _value_channel_needs_our_model(self) -> TrainSettings:
         if self.value_channel and self.backbone is not None:
             raise ValueError("value_channel works with the built-in model only, not with a backbone")
         return self
 
-    def tokenizer_settings(self) -> TokenizerSettings:
-        return TokenizerSettings(
-            horizon_h=self.horizon_h,
-            window_h=self.window_h,
-            blocks=self.blocks,
-            bins=self.bins,
-            block_stats=self.block_stats,
-            window_stats=self.window_stats,
-            scaling=self.scaling,
-            daily_profile=self.daily_profile,
-            residual=self.residual,
-            restart_at_failure=self.restart_at_failure,
-            max_length=self.max_length,
-            event_lookback_h=self.event_lookback_h,
-        )
-
     def window_spec(self) -> WindowSpec:
         # The windows carry the events the tokenizer reads: its lookback before the window, and the window itself.
         return WindowSpec(
-            window_h=self.window_h,
-            horizon_h=self.horizon_h,
+            window_h=self.tokenizer.window_h,
+            horizon_h=self.tokenizer.horizon_h,
             every_h=self.every_h,
             min_points=self.min_points,
-            event_lookback_h=self.window_h + self.event_lookback_h,
+            event_lookback_h=self.tokenizer.window_h + self.tokenizer.event_lookback_h,
         )
 
 
@@ -433,7 +431,7 @@ def fit_model(
             scored = averaged.module if averaged is not None else model
             scores = validation_scores(scored, tokenizer, validation)
             pr_auc = average_precision(validation.failed, scores) or 0.0
-            outcome_nll = _outcome_nll(scores, validation.failed)
+            validation_nll = log_loss(validation.failed, scores)
             record = {
                 "step": step,
                 "seconds": round(time.monotonic() - started, 1),
@@ -441,15 +439,15 @@ def fit_model(
                 "train_followup_loss": float(running[1] / running[3]),
                 "train_body_loss": float(running[2] / running[3]),
                 "validation_pr_auc": pr_auc,
-                "validation_outcome_nll": outcome_nll,
+                "validation_outcome_nll": validation_nll,
             }
             history.append(record)
             log.info("step %d: %s", step, record)
             running[:] = 0
-            if (pr_auc, -outcome_nll) > best:
-                best = (pr_auc, -outcome_nll)
+            if (pr_auc, -validation_nll) > best:
+                best = (pr_auc, -validation_nll)
                 best_state = copy.deepcopy(scored.state_dict())
-                best_step, best_metrics = step, {"pr_auc": pr_auc, "outcome_nll": outcome_nll}
+                best_step, best_metrics = step, {"pr_auc": pr_auc, "outcome_nll": validation_nll}
             model.train()
         if out_of_time:
             break
@@ -481,11 +479,6 @@ def _ema(decay: float) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], t
     return update
 
 
-def _outcome_nll(scores: np.ndarray, failed: np.ndarray) -> float:
-    p = np.clip(np.where(failed, scores, 1.0 - scores), 1e-7, 1.0)
-    return float(-np.mean(np.log(p)))
-
-
 @dataclass
 class TrainResult:
     checkpoint_dir: Path
@@ -499,7 +492,7 @@ def model_config_for(tokenizer: TelemetryTokenizer, settings: TrainSettings) -> 
     (training feeds the outcome token after the horizon token to ask for the time to failure)."""
     return ModelConfig(
         vocab_size=tokenizer.vocab_size,
-        n_positions=settings.max_length + 1,
+        n_positions=settings.tokenizer.max_length + 1,
         n_embd=settings.n_embd,
         n_layer=settings.n_layer,
         n_head=settings.n_head,
@@ -578,7 +571,7 @@ def train_on_windows(
     log.info("windows: training %s, validation %s", outcome_counts(train_windows), outcome_counts(validation_windows))
 
     progress.stage("tokenizing windows")
-    tokenizer = TelemetryTokenizer(settings.tokenizer_settings())
+    tokenizer = TelemetryTokenizer(settings.tokenizer)
     tokenizer.fit([w.window for w in train_windows], outcomes=[w.outcome for w in train_windows])
     train_encoded = EncodedWindows.of(tokenizer, train_windows, values=settings.value_channel)
     validation_encoded = EncodedWindows.of(tokenizer, validation_windows, values=settings.value_channel)
@@ -605,7 +598,7 @@ def train_on_windows(
         scores = validation_scores(ensemble, tokenizer, validation_encoded)  # type: ignore[arg-type]
         chosen = {
             "pr_auc": average_precision(validation_encoded.failed, scores) or 0.0,
-            "outcome_nll": _outcome_nll(scores, validation_encoded.failed),
+            "outcome_nll": log_loss(validation_encoded.failed, scores),
         }
         # The step and history shown are the first member's; every member's are under training.member_fits.
         seconds = sum(fit.seconds for fit in fits)
@@ -664,7 +657,7 @@ def train_on_windows(
             "training_windows": outcome_counts(train_windows),
             "validation_windows": outcome_counts(validation_windows),
         },
-        context_length=min(settings.max_length, context_length(result.model)),
+        context_length=min(settings.tokenizer.max_length, context_length(result.model)),
         outcome_tokens=tokenizer.outcome_tokens,
         calibration=calibration.model_dump(mode="json"),
         metrics={"validation": validation},

@@ -138,7 +138,8 @@ def train_command(
         typer.Option(
             "--set",
             help="Any other training setting, as NAME=VALUE (repeatable): dropout=0.2, learning_rate=1e-3, "
-            "token_dropout=0.2, ordinal_init=false ... (the fields of models.train.TrainSettings).",
+            "token_dropout=0.2, ordinal_init=false, bins=8 ... (the fields of models.train.TrainSettings and of its "
+            "tokenizer).",
         ),
     ] = None,
     quiet: QuietOption = False,

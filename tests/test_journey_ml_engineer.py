@@ -187,7 +187,7 @@ def test_an_ml_engineer_labels_retrains_from_the_environment_promotes_and_the_ed
         assert champion is not None and champion.version == version
         trained = json.loads((champion.path / "precursor.json").read_text())["training"]
         # The nested variable and the JSON section merge into the one training settings the model was trained with.
-        assert (trained["max_steps"], trained["n_embd"], trained["window_h"]) == (80, 32, WINDOW_H)
+        assert (trained["max_steps"], trained["n_embd"], trained["tokenizer"]["window_h"]) == (80, 32, WINDOW_H)
         assert trained["history"][-1]["step"] == 80
         runs = [(state, run) for state, run in flow_runs_of("retrain") if run not in runs_before]
         assert [state for state, _ in runs] == ["COMPLETED"], runs

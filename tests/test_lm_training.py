@@ -257,7 +257,7 @@ def test_model_config_rejects_a_bad_shape() -> None:
 def test_auxiliary_loss_counts_only_window_tokens(tiny_fleet: dict[str, Path]) -> None:
     fleet = Fleet.load(tiny_fleet["telemetry"], tiny_fleet["events"], tiny_fleet["machines"])
     windows = build_windows(fleet, WindowSpec(window_h=12, horizon_h=12))[:8]
-    tokenizer = TelemetryTokenizer(TrainSettings(**TINY).tokenizer_settings())
+    tokenizer = TelemetryTokenizer(TrainSettings(**TINY).tokenizer)
     tokenizer.fit([w.window for w in windows], [w.outcome for w in windows])
     encoded = EncodedWindows.of(tokenizer, windows)
     b0 = tokenizer.tokens(windows[0].window).index("<b0>")
@@ -307,7 +307,7 @@ def test_outcome_loss_splits_whether_a_failure_comes_from_which_kind() -> None:
 def test_time_to_failure_buckets_are_fractions_of_the_horizon(tiny_fleet: dict[str, Path]) -> None:
     fleet = Fleet.load(tiny_fleet["telemetry"], tiny_fleet["events"])
     windows = build_windows(fleet, WindowSpec(window_h=12, horizon_h=12))[:20]
-    tokenizer = TelemetryTokenizer(TrainSettings(**TINY).tokenizer_settings())
+    tokenizer = TelemetryTokenizer(TrainSettings(**TINY).tokenizer)
     tokenizer.fit([w.window for w in windows], [w.outcome for w in windows])
     buckets = [tokenizer.time_to_failure_token(h) for h in (0.0, 2.9, 3.0, 11.9, 12.0, 30.0, 48.0, 500.0, None)]
     assert buckets == [
@@ -326,7 +326,7 @@ def test_time_to_failure_buckets_are_fractions_of_the_horizon(tiny_fleet: dict[s
 def test_token_dropout_hides_only_sensor_readings(tiny_fleet: dict[str, Path]) -> None:
     fleet = Fleet.load(tiny_fleet["telemetry"], tiny_fleet["events"], tiny_fleet["machines"])
     windows = build_windows(fleet, WindowSpec(window_h=12, horizon_h=12))[:16]
-    tokenizer = TelemetryTokenizer(TrainSettings(**TINY).tokenizer_settings())
+    tokenizer = TelemetryTokenizer(TrainSettings(**TINY).tokenizer)
     tokenizer.fit([w.window for w in windows], outcomes=[w.outcome for w in windows])
     encoded = EncodedWindows.of(tokenizer, windows)
     missing = tokenizer.missing_ids()
@@ -365,13 +365,13 @@ def test_training_device_is_chosen_on_purpose() -> None:
 def test_bin_tokens_start_in_order_along_a_line(tiny_fleet: dict[str, Path]) -> None:
     fleet = Fleet.load(tiny_fleet["telemetry"], tiny_fleet["events"], tiny_fleet["machines"])
     windows = build_windows(fleet, WindowSpec(window_h=12, horizon_h=12))
-    tokenizer = TelemetryTokenizer(TrainSettings(**TINY).tokenizer_settings())
+    tokenizer = TelemetryTokenizer(TrainSettings(**TINY).tokenizer)
     tokenizer.fit([w.window for w in windows], outcomes=[w.outcome for w in windows])
     families = tokenizer.ordinal_families()
     names = [tokenizer.decode(f) for f in families]
     # Every sensor statistic's bins, low to high, then the age bins; no "missing" token is in any family.
     first = names[0]
-    bins = TrainSettings(**TINY).bins
+    bins = TrainSettings(**TINY).tokenizer.bins
     assert first == [f"{first[0][:-2]}{b:02d}" for b in range(bins)]
     assert any(n[0].startswith("lastfail#a00") for n in names)
     assert not any(t.endswith("_") or t.endswith("=never") for n in names for t in n)

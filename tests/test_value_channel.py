@@ -46,7 +46,7 @@ def labeled(fleet_files: dict[str, Path]) -> list[LabeledWindow]:
 
 @pytest.fixture(scope="module")
 def tokenizer(labeled: list[LabeledWindow]) -> TelemetryTokenizer:
-    tok = TelemetryTokenizer(TrainSettings(**SETTINGS).tokenizer_settings())
+    tok = TelemetryTokenizer(TrainSettings(**SETTINGS).tokenizer)
     tok.fit([w.window for w in labeled], outcomes=[w.outcome for w in labeled])
     return tok
 
