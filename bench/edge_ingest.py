@@ -13,6 +13,7 @@ read it) to its prediction being committed to the outbox (p50, p99, over every w
     .venv/bin/python bench/edge_ingest.py                        # 1,000 machines x 10 sensors, 1 s readings, 5 min
     .venv/bin/python bench/edge_ingest.py --model drift-zscore   # the baseline instead of the LM
     .venv/bin/python bench/edge_ingest.py --n-embd 96 --n-layer 3 --n-head 4   # a larger LM
+    .venv/bin/python bench/edge_ingest.py --summaries            # telemetry summaries on (one per window period)
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ class Figures:
     p99_ms: float
     peak_rss_mib: float
     quarantined: int
+    summaries: int = 0
 
     def lines(self) -> list[str]:
         return [
@@ -146,6 +148,7 @@ class Figures:
             f"p50 {self.p50_ms:.1f} ms, p99 {self.p99_ms:.1f} ms",
             f"memory:   peak resident {self.peak_rss_mib:.0f} MiB",
             f"quarantined: {self.quarantined}",
+            f"summaries: {self.summaries:,} telemetry summaries in the outbox",
         ]
 
 
@@ -160,6 +163,7 @@ def run_agent(
     durability: str,
     batch_rows: int = 32,
     max_batch: int | None = None,
+    summaries: bool = False,
 ) -> Figures:
     from edge_agent.config import EdgeConfig
     from edge_agent.daemon import AgentDaemon
@@ -181,6 +185,7 @@ def run_agent(
             "health": {"enabled": False},
             "heartbeat": {"interval": "30s"},
             "log": {"level": "WARNING"},
+            "telemetry_summaries": {"enabled": summaries},
             "state_dir": str(state),
         }
     )
@@ -199,6 +204,7 @@ def run_agent(
         p99_ms=float(np.percentile(latencies, 99)) if len(latencies) else float("nan"),
         peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         quarantined=stats.quarantined,
+        summaries=stats.summaries,
     )
 
 
@@ -234,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-embd", type=int, default=None, help="LM width (default: ModelConfig's, 64)")
     parser.add_argument("--n-layer", type=int, default=None, help="LM layers (default: ModelConfig's, 2)")
     parser.add_argument("--n-head", type=int, default=None, help="LM attention heads (default: ModelConfig's, 4)")
+    parser.add_argument("--summaries", action="store_true", help="send telemetry summaries (one per window period)")
     parser.add_argument("--build-artifact", type=Path, help=argparse.SUPPRESS)  # the child process's job
     args = parser.parse_args(argv)
     from contracts.durations import parse_duration
@@ -291,7 +298,8 @@ def main(argv: list[str] | None = None) -> None:
             f"({telemetry.stat().st_size / 2**20:.0f} MiB CSV)"
         )
         batch = f"max_batch {args.max_batch}" if args.max_batch is not None else "max_batch default"
-        print(f"model:    {args.model}; {batch}; outbox durability {args.durability}")
+        summaries = "telemetry summaries on" if args.summaries else "telemetry summaries off"
+        print(f"model:    {args.model}; {batch}; outbox durability {args.durability}; {summaries}")
         figures = run_agent(
             telemetry,
             work / "state",
@@ -302,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
             durability=args.durability,
             batch_rows=args.batch_rows,
             max_batch=args.max_batch,
+            summaries=args.summaries,
         )
         for line in figures.lines():
             print(line)
