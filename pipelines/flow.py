@@ -5,8 +5,8 @@ Four stages, in flow order, each measured where it can be measured:
 
 - ``edge``: the edge agents, from their newest heartbeats (read from Kafka, so they are current even when the
   pipeline stands; from the store where Kafka cannot be read). Readings in, predictions out, scoring time.
-- ``kafka``: the edges' outboxes into the broker. What the edges predict, against what the broker appended in the
-  last window; the backlog is what waits in the outboxes, and how long the oldest waited.
+- ``kafka``: the edges' outboxes into the broker. What the edges predict, against what the broker appended to the
+  predictions topic in the last window; the backlog is what waits in the outboxes, and how long the oldest waited.
 - ``pipeline``: Beam ingest. What the broker appended, against what ingest runs read in the window; the backlog is
   the consumer group's lag (:func:`infra.kafka_admin.consumer_lag`), elements per step from the runs' counters.
 - ``store``: the rows the runs handed to the store, against the rows written; write latency and the share of the
@@ -54,7 +54,7 @@ from pipelines.edge_trust import HeartbeatJudge
 from pipelines.run_log import CONSUMER, ingest_group
 from store.db import StoreBusy
 from store.queries import reading
-from store.runs import last_run, latest_edge_flows, runs_since, table_rows
+from store.runs import consumer_positions, last_run, latest_edge_flows, runs_since, table_rows
 
 log = logging.getLogger("precursor.flow")
 
@@ -208,6 +208,7 @@ class Observations:
     rows: dict[str, int] = field(default_factory=dict)
     retraining: Retraining | None = None
     problems: list[str] = field(default_factory=list)
+    predictions_topic: str | None = None  # None: every topic counts as what the edges delivered
 
 
 def observe(
@@ -225,39 +226,38 @@ def observe(
     settings = settings or FlowSettings()
     now = now or datetime.now(UTC)
     seen = Observations(at=now, window_s=settings.window_s)
-    topics = kafka.topics
-    edge_topics = [topics.predictions, topics.events, topics.heartbeats]
-    kafka_ok = True
-    try:
-        check_reachable(kafka.servers, timeout_s=min(2.0, settings.timeout_s))
-        group = ingest_group(kafka, consumer)
-        seen.topics = consumer_lag(kafka, group, edge_topics, window_s=settings.window_s, now=now) + consumer_lag(
-            kafka, group, [topics.telemetry], window_s=settings.window_s, now=now, missing_ok=True
-        )
-    except (BrokerUnreachable, KafkaError, OSError) as err:
-        kafka_ok = False
-        seen.problems.append(f"Kafka at {kafka.bootstrap_servers}: {err}")
     stale = now - timedelta(seconds=settings.edge_stale_s)
-    if kafka_ok:
-        try:
-            judge = HeartbeatJudge.from_files(enrolled_edges, None) if enrolled_edges is not None else None
-            seen.edges = recent_edge_flows(kafka, since=stale, judge=judge, timeout_s=settings.timeout_s)
-        except (KafkaError, OSError, ValueError) as err:
-            kafka_ok = False
-            seen.problems.append(f"edge heartbeats from Kafka: {err}")
+    reached: dict[tuple[str, int], int] = {}
+    stored_edges: list[dict[str, Any]] = []
     try:
         with reading(store_path, wait_s=settings.timeout_s) as store:
             window_start = now - timedelta(seconds=settings.window_s)
-            cost_start = now - timedelta(seconds=settings.cost_window_s)
-            seen.cost_runs = runs_since(store, cost_start, consumer)
+            seen.cost_runs = runs_since(store, now - timedelta(seconds=settings.cost_window_s), consumer)
             seen.runs = [r for r in seen.cost_runs if r["finished_at"] >= window_start]
             newest = last_run(store, consumer)
             seen.last_run_at = None if newest is None else newest["finished_at"]
             seen.rows = table_rows(store, STORE_TABLES)
-            if not kafka_ok:  # the edges as the store last heard of them
-                seen.edges = [_edge_from_store(row) for row in latest_edge_flows(store, stale)]
+            reached = consumer_positions(store, consumer)  # the truth the Kafka group mirrors
+            stored_edges = latest_edge_flows(store, stale)
     except (FileNotFoundError, StoreBusy) as err:
         seen.problems.append(f"store: {err}")
+    topics = kafka.topics
+    edge_topics = [topics.predictions, topics.events, topics.heartbeats]
+    seen.predictions_topic = topics.predictions
+    try:
+        check_reachable(kafka.servers, timeout_s=min(2.0, settings.timeout_s))
+        group = ingest_group(kafka, consumer)
+        seen.topics = [
+            *consumer_lag(kafka, group, edge_topics, window_s=settings.window_s, now=now, at_least=reached),
+            *consumer_lag(
+                kafka, group, [topics.telemetry], window_s=settings.window_s, now=now, at_least=reached, missing_ok=True
+            ),
+        ]
+        judge = HeartbeatJudge.from_files(enrolled_edges, None) if enrolled_edges is not None else None
+        seen.edges = recent_edge_flows(kafka, since=stale, judge=judge, timeout_s=settings.timeout_s)
+    except (BrokerUnreachable, KafkaError, OSError, ValueError) as err:
+        seen.problems.append(f"Kafka at {kafka.bootstrap_servers}: {err}")
+        seen.edges = [_edge_from_store(row) for row in stored_edges]  # the edges as the store last heard of them
     if model_registry is not None:
         seen.retraining = newest_training(model_registry)
     return seen
@@ -405,13 +405,17 @@ def assess(
     queued = sum(e.outbox_depth for e in edges) if edges else None
     oldest = max((e.outbox_lag_s for e in edges), default=0.0)
     appended = None if seen.topics is None else sum(t.produced_per_s for t in seen.topics)
+    # The edges report predictions per second: Kafka's side of the comparison is the predictions topic alone.
+    delivered = None
+    if seen.topics is not None:
+        delivered = sum(t.produced_per_s for t in seen.topics if seen.predictions_topic in (None, t.topic))
     if seen.topics is None:
         kafka = _stage("kafka", None, None, queued, "unknown", "Kafka could not be read")
     elif queued is not None and queued >= settings.min_backlog and oldest >= settings.max_outbox_lag_s:
         kafka = _stage(
             "kafka",
             sum(e.flow.predictions_per_s for e in edges),
-            appended,
+            delivered,
             queued,
             "behind",
             f"{queued} messages wait in the edges' outboxes, the oldest for {oldest:.0f} s",
@@ -420,7 +424,7 @@ def assess(
         kafka = _stage(
             "kafka",
             sum(e.flow.predictions_per_s for e in edges) if edges else None,
-            appended,
+            delivered,
             queued,
             "ok" if appended else "idle",
             f"outboxes hold {queued or 0} messages, the oldest {oldest:.0f} s old" if edges else "no edge reports",

@@ -130,3 +130,13 @@ def latest_edge_flows(store: StoreReader, since: datetime) -> list[dict[str, Any
         """,
         [since],
     )
+
+
+def consumer_positions(store: StoreReader, consumer: str) -> dict[tuple[str, int], int]:
+    """``(topic, partition) -> next offset`` the consumer committed in the store."""
+    if not store.has_table("consumer_offsets"):
+        return {}
+    rows = store.con.execute(
+        "SELECT topic, partition, next_offset FROM consumer_offsets WHERE consumer = ?", [consumer]
+    ).fetchall()
+    return {(str(t), int(p)): int(o) for t, p, o in rows}

@@ -3,6 +3,7 @@
 
 import { drawChart, escapeHtml, formatTime } from "./chart.js";
 import { takeToken } from "./fragment.js";
+import { renderFlow } from "./flow.js";
 import { LiveTail } from "./live.js";
 
 const TOKEN_KEY = "precursor.token";
@@ -812,6 +813,23 @@ async function showModels() {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Dataflow: the stages from reading to store, redrawn every few seconds while the page is open.
+
+const FLOW_REFRESH_MS = 5000;
+let flowTimer = null;
+
+async function showFlow() {
+  state.page = "flow";
+  stopLive();
+  const report = await api("/flow");
+  if (state.page !== "flow") return;
+  view().replaceChildren(renderFlow(report));
+  document.body.dataset.ready = "flow";
+  clearTimeout(flowTimer);
+  flowTimer = setTimeout(() => showFlow().catch(showError), FLOW_REFRESH_MS);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Routing
 
 async function route() {
@@ -819,14 +837,17 @@ async function route() {
     askForToken();
     return;
   }
+  clearTimeout(flowTimer);
   const hash = location.hash || "#/";
+  const page = hash.startsWith("#/models") ? "models" : hash.startsWith("#/flow") ? "flow" : "fleet";
   for (const link of document.querySelectorAll("[data-nav]")) {
-    link.classList.toggle("active", (link.dataset.nav === "models") === hash.startsWith("#/models"));
+    link.classList.toggle("active", link.dataset.nav === page);
   }
   try {
     const machine = hash.match(/^#\/machine\/(.+)$/);
     if (machine) await loadMachine(decodeURIComponent(machine[1]), "7d");
-    else if (hash.startsWith("#/models")) await showModels();
+    else if (page === "models") await showModels();
+    else if (page === "flow") await showFlow();
     else await showFleet();
   } catch (err) {
     showError(err);
