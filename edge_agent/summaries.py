@@ -117,9 +117,11 @@ def summarize(
     # A float sum can put the mean of equal values a rounding step past them; the mean lies between min and max.
     mean = np.minimum(np.maximum(mean, low), high)
     stats = {
-        name: SensorStats(*values)
-        for name, *values in zip(sensors, mean.tolist(), low.tolist(), high.tolist(), last.tolist(), count, strict=True)
-        if values[-1]
+        name: SensorStats(*figures)
+        for name, *figures in zip(
+            sensors, mean.tolist(), low.tolist(), high.tolist(), last.tolist(), count, strict=True
+        )
+        if figures[-1]  # a sensor without a value all period says nothing
     }
     return PeriodSummary(machine_id, start, start + length, len(rows), stats)
 
