@@ -21,6 +21,7 @@ Example (every section but ``edge_id`` and ``sources`` has defaults; relative pa
       trusted_keys: [keys/release.pub]
     outbox: {max_bytes: 512MiB}
     health: {port: 9308}
+    telemetry_summaries: {enabled: true}  # per-sensor mean, min, max, last to <prefix>.telemetry (off by default)
 """
 
 from __future__ import annotations
