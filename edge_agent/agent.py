@@ -23,11 +23,11 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from operator import itemgetter
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from contracts.messages import (
     Event,
     Heartbeat,
     Prediction,
+    Reason,
     TelemetryReading,
     TelemetrySummary,
     validate,
@@ -76,9 +77,17 @@ class AgentStats:
     summaries: int = 0
     commits: int = 0
     scoring_errors: int = 0
+    explained: int = 0
+    explain_errors: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class Explainer(Protocol):
+    """What the agent needs of an explainer (:class:`models.explain.OcclusionExplainer`)."""
+
+    def explain_many(self, windows: Sequence[Window], risks: Sequence[dict[str, float]]) -> list[list[Reason]]: ...
 
 
 class LatencyRecorder:
@@ -157,6 +166,9 @@ class EdgeAgent:
         self._recent: deque[Window] = deque(maxlen=config.updates.self_test.windows)
         self._recent_lock = threading.Lock()
         self.last_scoring_failure: float | None = None
+        self._explainer: tuple[Scorer, Explainer | None] | None = None
+        self.explain_seconds = 0.0
+        """Wall seconds spent explaining alerting windows (see :mod:`models.explain`)."""
         self.on_acks: Callable[[list[tuple[str, Any]]], None] | None = None
         """Called after each commit with the (source, ack) pairs it made safe (the daemon tells the sources)."""
 
@@ -449,8 +461,9 @@ class EdgeAgent:
                     )
                 return
         scorer = running.scorer
-        for (window, arrived), risk in zip(pending, risks, strict=True):
-            prediction = self._prediction(scorer, window, risk)
+        reasons = self._explain(scorer, windows, risks)
+        for (window, arrived), risk, why in zip(pending, risks, reasons, strict=True):
+            prediction = self._prediction(scorer, window, risk, why)
             if prediction is not None:
                 self._send(prediction)
                 self.stats.predictions += 1
@@ -458,7 +471,58 @@ class EdgeAgent:
         with self._recent_lock:
             self._recent.extend(windows)
 
-    def _prediction(self, scorer: Scorer, window: Window, risk: dict[str, float]) -> Prediction | None:
+    def _explain(
+        self, scorer: Scorer, windows: list[Window], risks: list[dict[str, float]]
+    ) -> list[list[Reason] | None]:
+        """The reasons of the windows at or above the alert threshold (``explain.threshold``, else the model's own),
+        in one explanation over all of them; None for the rest, and wherever the model cannot be explained. A failed
+        explanation costs the reasons, never the predictions."""
+        out: list[list[Reason] | None] = [None] * len(windows)
+        explainer = self._explainer_for(scorer)
+        threshold = self.config.explain.threshold
+        if threshold is None:
+            threshold = getattr(scorer, "threshold", None)
+        if explainer is None or threshold is None:
+            return out
+        picked = [i for i, risk in enumerate(risks) if _top_risk(risk) >= threshold]
+        if not picked:
+            return out
+        started = time.perf_counter()
+        try:
+            found = explainer.explain_many([windows[i] for i in picked], [risks[i] for i in picked])
+        except Exception as err:  # the predictions go out without reasons
+            self.stats.explain_errors += len(picked)
+            log.warning("could not explain %d windows: %s: %s", len(picked), type(err).__name__, err)
+            return out
+        self.explain_seconds += time.perf_counter() - started
+        self.stats.explained += len(picked)
+        for i, reasons in zip(picked, found, strict=True):
+            out[i] = reasons
+        return out
+
+    def _explainer_for(self, scorer: Scorer) -> Explainer | None:
+        """The explainer of the running model, made again when the model changes; None where explanations are off
+        or the model has none (a baseline scores no token sequences)."""
+        if self._explainer is not None and self._explainer[0] is scorer:
+            return self._explainer[1]
+        explainer = None
+        spec = self.config.explain
+        if spec.enabled and hasattr(scorer, "score_token_ids"):
+            from models.explain import ExplainSettings, explainer_for  # onnxruntime: only where the LM runs
+
+            settings = ExplainSettings(
+                max_reasons=spec.max_reasons, min_log_odds_drop=spec.min_log_odds_drop, max_sensors=spec.max_sensors
+            )
+            try:
+                explainer = explainer_for(scorer, settings)
+            except Exception as err:  # the model still scores: its predictions go out without reasons
+                log.warning("cannot explain model %s %s: %s: %s", scorer.name, scorer.version, type(err).__name__, err)
+        self._explainer = (scorer, explainer)
+        return explainer
+
+    def _prediction(
+        self, scorer: Scorer, window: Window, risk: dict[str, float], reasons: list[Reason] | None = None
+    ) -> Prediction | None:
         bad = {k: v for k, v in risk.items() if not (isinstance(v, float | int) and math.isfinite(v) and 0 <= v <= 1)}
         if bad:
             self._quarantine(
@@ -484,6 +548,7 @@ class EdgeAgent:
                     "model_version": scorer.version,
                     # The LM runtime carries the threshold chosen at training; baseline scorers have none.
                     "threshold": getattr(scorer, "threshold", None),
+                    "reasons": reasons,
                 },
             )
         except ContractError as err:
@@ -541,6 +606,12 @@ class EdgeAgent:
 
     def close(self) -> None:
         self.quarantine.close()
+
+
+def _top_risk(risk: dict[str, float]) -> float:
+    """The highest risk; -1 where none is a number (such a risk is quarantined, not explained)."""
+    values = [float(v) for v in risk.values() if isinstance(v, float | int) and math.isfinite(v)]
+    return max(values, default=-1.0)
 
 
 def _describe_reading(reading: Reading) -> str:

@@ -142,6 +142,11 @@ class LMScorer:
         return scorer
 
     @property
+    def tokenizer(self) -> WindowTokenizer:
+        """The artifact's tokenizer (what :mod:`models.explain` reads a window's token layout from)."""
+        return self._tokenizer
+
+    @property
     def takes_values(self) -> bool:
         """Whether the model reads a value beside each token id (a value channel)."""
         return self._values is not None
@@ -164,10 +169,15 @@ class LMScorer:
         return self.score_token_ids([self._tokenizer.encode(w) for w in windows])
 
     def score_token_ids(
-        self, sequences: Sequence[Sequence[int]], values: Sequence[np.ndarray] | None = None
+        self,
+        sequences: Sequence[Sequence[int]],
+        values: Sequence[np.ndarray] | None = None,
+        *,
+        batch_size: int | None = None,
     ) -> list[Risk]:
         """Risks for already-tokenized windows (and the values beside their ids, for a model that takes them);
-        sequences longer than the context keep their end."""
+        sequences longer than the context keep their end. ``batch_size`` (default ``max_batch_size``): rows per
+        inference; risks meant to be compared with each other (an explanation's variants) go in one."""
         if not sequences:
             return []
         if (values is None) == self.takes_values:
@@ -175,8 +185,9 @@ class LMScorer:
             raise ValueError(f"this model {wanted} values beside the token ids")
         order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
         risks: list[Risk | None] = [None] * len(sequences)
-        for start in range(0, len(order), self.max_batch_size):
-            rows = order[start : start + self.max_batch_size]
+        step = self.max_batch_size if batch_size is None else max(1, batch_size)
+        for start in range(0, len(order), step):
+            rows = order[start : start + step]
             packed = pack_sequences(
                 [sequences[i] for i in rows],
                 pad_id=0,

@@ -639,6 +639,12 @@ class TelemetryTokenizer:
             out[table[:, :-1]] = table[:, -1:]
         return out
 
+    def sensor_token_ids(self) -> dict[str, np.ndarray]:
+        """Statistic key (``mean``, ``wstd``, ...) -> ``(S, bins + 1)`` token ids, sensors in :attr:`sensors` order,
+        bins low to high; the last column is the "missing" token."""
+        self.state  # noqa: B018 -- raises a clear error when not fitted
+        return {key: table.copy() for key, table in self._sensor_ids.items()}
+
     def ordinal_families(self) -> list[list[int]]:
         """Token ids that name ordered bins of one quantity, each family low to high: every sensor statistic's value
         bins, and the age bins of each maintained part and of the last failure.
