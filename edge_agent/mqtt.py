@@ -69,6 +69,9 @@ class MqttSubscription:
         self._generation = 0
         self._lock = threading.Lock()
         self.connected = False
+        self.subscribed = False
+        """The broker confirmed the subscriptions of this connection (SUBACK): messages published from now on reach
+        us."""
         self.refused: MqttRefused | None = None
         self.last_error: str | None = None
         self.received = 0
@@ -91,6 +94,7 @@ class MqttSubscription:
         with self._lock:
             self._generation += 1
         self.connected = True
+        self.subscribed = False
         self.last_error = None
         options = SubscribeOptions(qos=1)
         client.subscribe([(topic, options) for topic in self.spec.topics])
@@ -126,8 +130,12 @@ class MqttSubscription:
             log.warning("MQTT %s:%s: %s; retrying", self.spec.host, self.spec.port, error, extra={"source": self.name})
         self.last_error = error
 
+    def _on_subscribe(self, _client: paho.Client, _userdata: object, _mid: int, reasons: Any, _props: Any) -> None:
+        self.subscribed = not any(getattr(r, "is_failure", False) for r in reasons)
+
     def _on_disconnect(self, _client: paho.Client, _userdata: object, _flags: Any, reason: Any, _props: Any) -> None:
         self.connected = False
+        self.subscribed = False
         if getattr(reason, "is_failure", False) and self.refused is None:
             self.last_error = f"disconnected: {reason}"
         log.warning("MQTT disconnected from %s:%s: %s", self.spec.host, self.spec.port, reason)
@@ -157,6 +165,7 @@ class MqttSubscription:
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
+        client.on_subscribe = self._on_subscribe
         client.reconnect_delay_set(min_delay=1, max_delay=30)
         properties = Properties(PacketTypes.CONNECT)
         properties.SessionExpiryInterval = int(self.spec.session_expiry.total_seconds())
@@ -221,3 +230,4 @@ class MqttSubscription:
             client.disconnect()
             client.loop_stop()
             self.connected = False
+            self.subscribed = False

@@ -135,11 +135,25 @@ def screenshot(driver: webdriver.Chrome, name: str) -> Path:
     """The whole page, not just the window, as a PNG under the artifacts folder."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    height = min(int(size["height"]) + 1, 4000)
+    # The machine page draws its charts again for a new viewport (a resize, debounced): wait for the new drawing.
+    redraws = driver.execute_script(
+        "window.__chartBefore = document.getElementById('risk-chart');"
+        "return document.body.dataset.ready === 'machine' && !!window.__chartBefore"
+        " && window.innerHeight !== arguments[0];",
+        height,
+    )
     driver.execute_cdp_cmd(
         "Emulation.setDeviceMetricsOverride",
-        {"width": 1440, "height": min(int(size["height"]) + 1, 4000), "deviceScaleFactor": 1, "mobile": False},
+        {"width": 1440, "height": height, "deviceScaleFactor": 1, "mobile": False},
     )
-    time.sleep(0.4)  # the charts redraw for the new viewport
+    if redraws:
+        wait_for(
+            "the charts drawn for the new viewport",
+            lambda: driver.execute_script(
+                "const c = document.getElementById('risk-chart'); return !!c && c !== window.__chartBefore;"
+            ),
+        )
     shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
     driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
     path = ARTIFACTS / name

@@ -10,7 +10,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,8 +20,8 @@ from contracts.settings import KafkaSettings
 from edge_agent.config import MqttSource
 from edge_agent.mqtt import MqttSubscription
 from pipelines.run import run_once
+from tests.fixtures_edge import Mosquitto, TelemetryWriter, expected_windows, wait_for
 from tests.test_edge_outage_integration import stored_predictions
-from tests.test_edge_support import Mosquitto, TelemetryWriter, expected_windows, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -99,8 +98,7 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged_and_stores_nothing_twice(
     # keeps every message for it, also while it is down.
     session = MqttSubscription(MqttSource(port=mosquitto.port, topics=[topic], client_id=EDGE), edge_id=EDGE)
     session.start()
-    wait_for(lambda: session.connected, 10, what="the MQTT session")
-    time.sleep(0.3)
+    wait_for(lambda: session.subscribed, 10, what="the MQTT session's subscription")
     session.close()
     writer.start()
     agent = start_agent(config, log)
@@ -109,7 +107,9 @@ def test_sigkill_mid_stream_loses_nothing_acknowledged_and_stores_nothing_twice(
         agent.send_signal(signal.SIGKILL)  # no chance to flush anything
         assert agent.wait(10) == -signal.SIGKILL
         killed_at = len(writer.written)
-        time.sleep(1.0)  # the stream goes on while the agent is down: the file grows, MQTT queues in the session
+        # The stream goes on while the agent is down (20 steps of its 8 machines): the file grows, MQTT queues in the
+        # session.
+        wait_for(lambda: len(writer.written) >= killed_at + 160, 30, what="the stream going on while the agent is down")
         agent = start_agent(config, log)
         wait_for(lambda: len(writer.written) > killed_at + 800, 30, what="more stream after the restart")
     finally:

@@ -22,7 +22,7 @@ from edge_agent.config import EdgeConfig
 from edge_agent.daemon import AgentDaemon, main
 from edge_agent.outbox import Outbox
 from infra.kafka_broker import free_ports
-from tests.test_edge_support import wait_for
+from tests.fixtures_edge import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 NO_KAFKA = {"bootstrap_servers": "127.0.0.1:1"}  # nothing listens there: the outbox keeps everything

@@ -34,7 +34,7 @@ from models.releases import ReleaseSigner
 from models.scoring import Window
 from models.signing import generate_keypair, load_private_key
 from precursor.keys_cli import keys_command
-from tests.test_edge_support import TelemetryWriter, build_artifact, resign, wait_for
+from tests.fixtures_edge import TelemetryWriter, build_artifact, resign, wait_for
 
 SENSORS = ("pressure", "temp", "vib")
 
@@ -203,6 +203,7 @@ class FakeScorer:
 
     def __init__(self, risk: dict[str, float] | None = None, fail: bool = False, delay_s: float = 0.0) -> None:
         self.risk, self.fail, self.delay_s = risk or {"failure": 0.1}, fail, delay_s
+        self.scored = 0
 
     def score(self, w: Window) -> dict[str, float]:
         return self.score_many([w])[0]
@@ -210,7 +211,8 @@ class FakeScorer:
     def score_many(self, windows: list[Window]) -> list[dict[str, float]]:
         if self.fail:
             raise RuntimeError("ONNX went away")
-        time.sleep(self.delay_s)
+        time.sleep(self.delay_s)  # a slow model, for the self-test's time limit
+        self.scored += len(windows)
         return [dict(self.risk) for _ in windows]
 
 
@@ -232,7 +234,10 @@ def test_self_test_refuses_a_model_that_cannot_serve_here(
 
 
 def test_self_test_passes_a_model_that_serves() -> None:
-    self_test(FakeScorer(), [window(("temp", "vib"))] * 3, sensors=("temp", "vib", "flow"), spec=SelfTestSpec())
+    scorer = FakeScorer()
+    # Two of its three sensors are enough (min_sensor_coverage 0.5); it raises only on a refusal.
+    self_test(scorer, [window(("temp", "vib"))] * 3, sensors=("temp", "vib", "flow"), spec=SelfTestSpec())
+    assert scorer.scored == 3  # every recent window went through the model
 
 
 def updater_for(tmp_path: Path, artifacts: dict[str, Path], **updates: object) -> ModelUpdater:

@@ -18,11 +18,13 @@ from edge_agent.mqtt import MqttSubscription
 from edge_agent.outbox import Outbox
 from edge_agent.records import Reading
 from edge_agent.telemetry_source import SourceBatch
-from tests.test_edge_support import Mosquitto, publisher, wait_for
+from tests.fixtures_edge import Mosquitto, publisher, wait_for
 
 pytestmark = pytest.mark.integration
 
 T0 = 1_767_225_600
+MARKER = "marker"
+"""The machine of a reading published only to learn that everything before it has arrived."""
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +47,25 @@ class Subscriber:
         for batch in self.source.batches(None, self.stop):
             self.batches.append(batch)
 
+    def readings(self) -> list[Reading]:
+        return [i for b in self.batches for i in b.items if isinstance(i, Reading)]
+
     def values(self) -> list[float]:
-        return [i.values[0] for b in self.batches for i in b.items if isinstance(i, Reading)]
+        return [r.values[0] for r in self.readings() if r.machine_id != MARKER]
+
+    def subscribed(self) -> None:
+        wait_for(lambda: self.source.subscribed, 10, what="the subscription confirmed")
+
+    def settled(self, broker: Mosquitto, topic: str) -> None:
+        """Wait until everything the broker holds for this session has arrived: it delivers a session's messages in
+        order, so whatever it still had comes before a marker published now."""
+        before = sum(r.machine_id == MARKER for r in self.readings())
+        publish(broker, topic, range(1), machine_id=MARKER)
+        wait_for(lambda: sum(r.machine_id == MARKER for r in self.readings()) > before, 10, what="the marker")
+
+    def acknowledge_all(self) -> None:
+        for batch in self.batches:
+            self.source.acknowledge(batch.ack)
 
     def close(self) -> None:
         self.stop.set()
@@ -54,10 +73,10 @@ class Subscriber:
         self.source.close()
 
 
-def publish(broker: Mosquitto, topic: str, values: range) -> None:
+def publish(broker: Mosquitto, topic: str, values: range, machine_id: str = "m1") -> None:
     client = publisher(broker.port, client_id=f"pub-{time.monotonic_ns()}")
     for v in values:
-        payload = json.dumps({"timestamp": T0 + 60 * v, "machine_id": "m1", "temp": v})
+        payload = json.dumps({"timestamp": T0 + 60 * v, "machine_id": machine_id, "temp": v})
         client.publish(topic, payload, qos=1).wait_for_publish(5)
     client.loop_stop()
     client.disconnect()
@@ -66,8 +85,7 @@ def publish(broker: Mosquitto, topic: str, values: range) -> None:
 def test_unacknowledged_messages_come_back_after_a_restart_and_acknowledged_ones_do_not(mosquitto: Mosquitto) -> None:
     topic = "plant/ack-test"
     first = Subscriber(mosquitto, "edge-ack", topic)
-    wait_for(lambda: first.source.connected, 10, what="connected")
-    time.sleep(0.3)  # let the subscription settle
+    first.subscribed()
     publish(mosquitto, topic, range(20))
     wait_for(lambda: len(first.values()) == 20, 10, what="20 readings")
     # The agent committed only what the first batches held, then died.
@@ -77,22 +95,18 @@ def test_unacknowledged_messages_come_back_after_a_restart_and_acknowledged_ones
             break
         first.source.acknowledge(batch.ack)
         acked += [i.values[0] for i in batch.items if isinstance(i, Reading)]
-    time.sleep(0.3)  # PUBACKs on the wire before the connection goes
-    first.close()
+    first.close()  # its PUBACKs go out before the DISCONNECT: one ordered stream
 
     second = Subscriber(mosquitto, "edge-ack", topic)
-    expected = [float(v) for v in range(20) if float(v) not in acked]
-    wait_for(lambda: len(second.values()) >= len(expected), 10, what="redelivery")
-    time.sleep(0.3)
-    assert sorted(second.values()) == expected
-    for batch in second.batches:
-        second.source.acknowledge(batch.ack)
-    time.sleep(0.3)
+    second.subscribed()
+    second.settled(mosquitto, topic)
+    assert sorted(second.values()) == [float(v) for v in range(20) if float(v) not in acked]
+    second.acknowledge_all()
     second.close()
 
     third = Subscriber(mosquitto, "edge-ack", topic)
-    wait_for(lambda: third.source.connected, 10, what="connected")
-    time.sleep(1.0)
+    third.subscribed()
+    third.settled(mosquitto, topic)
     assert third.values() == []
     third.close()
 
@@ -100,12 +114,13 @@ def test_unacknowledged_messages_come_back_after_a_restart_and_acknowledged_ones
 def test_messages_sent_while_the_agent_is_away_wait_in_its_session(mosquitto: Mosquitto) -> None:
     topic = "plant/away"
     first = Subscriber(mosquitto, "edge-away", topic)
-    wait_for(lambda: first.source.connected, 10, what="connected")
-    time.sleep(0.3)
+    first.subscribed()
     first.close()
     publish(mosquitto, topic, range(5))
     second = Subscriber(mosquitto, "edge-away", topic)
-    wait_for(lambda: len(second.values()) == 5, 10, what="queued messages")
+    second.subscribed()
+    second.settled(mosquitto, topic)
+    assert second.values() == [0.0, 1.0, 2.0, 3.0, 4.0]  # all of them, once each, in the order they were sent
     second.close()
 
 
@@ -130,8 +145,7 @@ def test_the_daemon_turns_mqtt_readings_into_predictions_and_acknowledges_them(
     runner = threading.Thread(target=daemon.run, daemon=True)
     runner.start()
     source = daemon.sources[0]
-    wait_for(lambda: getattr(source, "connected", False), 10, what="connected")
-    time.sleep(0.3)
+    wait_for(lambda: getattr(source, "subscribed", False), 10, what="the subscription confirmed")
     publish(mosquitto, topic, range(31))  # 30 minutes of one reading a minute: 6 windows
     wait_for(lambda: daemon.agent.stats.readings == 31 and daemon.outbox.staged == 0, 10, what="readings committed")
     wait_for(lambda: getattr(source, "acknowledged", 0) == 31, 10, what="acknowledgements")
@@ -144,7 +158,7 @@ def test_the_daemon_turns_mqtt_readings_into_predictions_and_acknowledges_them(
     assert [p.window_end.timestamp() - T0 for p in predictions] == [300.0 * k for k in range(1, 7)]
 
     again = Subscriber(mosquitto, "edge-mqtt-d", topic)  # everything was acknowledged: nothing comes back
-    wait_for(lambda: again.source.connected, 10, what="connected")
-    time.sleep(1.0)
+    again.subscribed()
+    again.settled(mosquitto, topic)
     assert again.values() == []
     again.close()

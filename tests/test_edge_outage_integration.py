@@ -19,7 +19,7 @@ from edge_agent.daemon import AgentDaemon
 from infra.kafka_broker import LocalKafka
 from pipelines.run import run_once
 from store import connect
-from tests.test_edge_support import TelemetryWriter, expected_windows, wait_for
+from tests.fixtures_edge import TelemetryWriter, expected_windows, wait_for
 
 pytestmark = pytest.mark.integration
 

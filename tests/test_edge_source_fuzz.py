@@ -34,7 +34,7 @@ from edge_agent.records import FLOAT32_MAX, Reading
 from edge_agent.sources import FileReplay
 from edge_agent.tail import FileTail
 from edge_agent.telemetry_source import SourceBatch
-from tests.test_edge_support import Mosquitto, publisher, wait_for
+from tests.fixtures_edge import Mosquitto, publisher, wait_for
 
 MAX_RECORD_BYTES = 8192
 LIMITS = InputSpec(max_record_bytes=MAX_RECORD_BYTES)
@@ -288,8 +288,7 @@ def test_mqtt_reads_every_good_payload_and_refuses_every_bad_one(mosquitto: Mosq
     stop = threading.Event()
     follow = Follow(source.batches(None, stop), stop)
     try:
-        wait_for(lambda: source.connected, 10, what="the subscription")
-        time.sleep(0.2)  # the SUBSCRIBE is answered
+        wait_for(lambda: source.subscribed, 10, what="the subscription confirmed")
         client = publisher(mosquitto.port, client_id=f"fuzz-pub-{time.monotonic_ns()}")
         try:
             for payload in sample.lines:

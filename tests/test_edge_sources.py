@@ -18,7 +18,7 @@ from edge_agent.records import Reading
 from edge_agent.sources import FileReplay, SimulatedFleet
 from edge_agent.tail import FileTail
 from edge_agent.telemetry_source import SourceBatch
-from tests.test_edge_support import wait_for
+from tests.fixtures_edge import wait_for
 
 HEADER = "timestamp,machine_id,temp\n"
 

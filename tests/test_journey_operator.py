@@ -29,7 +29,7 @@ from contracts.settings import KafkaSettings
 from models.registry import release_for
 from models.releases import ReleaseSigner
 from models.signing import load_private_key
-from tests.test_edge_support import Mosquitto, build_artifact, publisher, resign
+from tests.fixtures_edge import Mosquitto, build_artifact, publisher, resign
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,7 @@ def closed_port() -> str:
 
 
 def test_a_listening_server_is_enough_even_after_a_closed_one(listening: str, closed_port: str) -> None:
-    check_reachable([closed_port, listening], timeout_s=2.0)
+    assert check_reachable([closed_port, listening], timeout_s=2.0) == listening
 
 
 def test_no_listener_names_each_server_and_how_to_start_one(closed_port: str) -> None:

@@ -26,8 +26,8 @@ from infra.kafka_broker import BrokerError, BrokerSecurity, LocalKafka, free_por
 from infra.processes import process_cmdline
 from pipelines.kafka_io import KafkaRecord, ReadPartitionRange, plan_ranges
 from tests.conftest import shared_kafka_lib_dir
+from tests.fixtures_edge import wait_for
 from tests.fixtures_tls import TestCA
-from tests.test_edge_support import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -130,8 +130,7 @@ def _read(broker: SecuredMosquitto, source: MqttSubscription, topic: str, count:
         for batch in source.batches(None, stop):
             values += [item.values[0] for item in batch.items if isinstance(item, Reading)]
             source.acknowledge(batch.ack)
-            if source.connected and not published:
-                time.sleep(0.3)  # the SUBACK
+            if source.subscribed and not published:
                 _publish(broker, topic, range(count))
                 published = True
             if len(values) >= count or time.monotonic() > deadline:

@@ -1,8 +1,6 @@
 """Helpers the edge agent's tests share: a real Mosquitto broker, tiny signed LM artifacts, a telemetry writer that
-keeps a file and an MQTT topic growing, and the windows a stream must produce (worked out independently of the
-agent's window builder).
-
-No tests here; pytest collects the module and finds none.
+keeps a file and an MQTT topic growing, the windows a stream must produce (worked out independently of the agent's
+window builder), and waiting on a condition with a deadline.
 """
 
 from __future__ import annotations
