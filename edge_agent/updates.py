@@ -501,7 +501,7 @@ class ModelUpdater:
 
     def _copy_objects(self, fs: AbstractFileSystem, path: str, url: str, staging: Path, target: Path) -> None:
         limit = self.config.updates.max_bytes
-        fs.invalidate_cache(path)
+        fs.invalidate_cache()  # listings cached by an earlier fetch may be stale
         if fs.isfile(path):
             size = fs.size(path)
             if size is not None and size > limit:

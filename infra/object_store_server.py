@@ -110,7 +110,7 @@ class LocalS3:
 
     def command(self) -> list[str]:
         return [
-            str(self.binary),
+            str(self.binary.absolute()),
             "-backend",
             "fs",
             "-fs.path",

@@ -95,9 +95,7 @@ class ObjectStoreRegistry(ModelRegistry):
 
     def holds(self, version: str) -> bool:
         self._version_dir(version)  # a valid version name, or ValueError
-        remote = self._remote(version)
-        self._fs.invalidate_cache(remote)
-        return bool(self._fs.find(remote))
+        return bool(self._fs.find(self._remote(version)))  # find lists the keys afresh
 
     def publish(self, artifact_dir: Path | str) -> RegistryEntry:
         """Upload a signed artifact as a new version (its manifest last), then download and verify what landed.
@@ -111,15 +109,14 @@ class ObjectStoreRegistry(ModelRegistry):
             )
         self._version_dir(manifest.version)
         remote = self._remote(manifest.version)
-        self._fs.invalidate_cache(remote)
-        if self._fs.exists(f"{remote}/{MANIFEST_FILE}"):
+        present = self._fs.find(remote)
+        if f"{remote}/{MANIFEST_FILE}" in present:
             raise FileExistsError(
                 f"{self.model_name} version {manifest.version} is already published at "
                 f"{self.location_of(manifest.version)}"
             )
-        leftovers = self._fs.find(remote)  # a publish that died before its manifest was written
-        if leftovers:
-            self._fs.rm(leftovers)
+        if present:  # what a publish that died before its manifest left
+            self._fs.rm(present)
         for name in [*sorted(manifest.files), SIGNATURE_FILE, MANIFEST_FILE]:
             self._fs.put_file(str(artifact_dir / name), f"{remote}/{name}")
         try:
@@ -134,7 +131,7 @@ class ObjectStoreRegistry(ModelRegistry):
         """Published versions (those whose manifest is in the store), oldest first. Reads the manifests only, not
         verified: use :meth:`get`. Each entry's ``path`` is where :meth:`get` keeps its verified copy."""
         prefix = self._remote()
-        self._fs.invalidate_cache(prefix)
+        self._fs.invalidate_cache()  # a listing cached earlier would miss versions published since
         try:
             children = self._fs.ls(prefix, detail=False)
         except FileNotFoundError:
@@ -168,7 +165,6 @@ class ObjectStoreRegistry(ModelRegistry):
         """A published version, downloaded and verified against the trusted keys; its ``path`` is the local copy."""
         local = self._version_dir(version)
         remote = self._remote(version)
-        self._fs.invalidate_cache(remote)
         found = self._fs.find(remote, detail=True)
         if f"{remote}/{MANIFEST_FILE}" not in found:
             known = ", ".join(e.version for e in self.list()) or "none"

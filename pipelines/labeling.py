@@ -42,13 +42,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import apache_beam as beam
 import pyarrow as pa
@@ -63,6 +64,9 @@ from pipelines.engines import LOCAL, EngineSettings, counters, engine
 from pipelines.records import HOUR_US, MICROS
 from pipelines.settings import PipelineSettings
 from pipelines.snapshot import take_snapshot
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 NAMESPACE = "precursor.labeling"
 DATASET_FORMAT = "precursor-labeled-windows/1"
@@ -242,6 +246,7 @@ def examples_table(examples: Iterable[Example]) -> pa.Table:
 
 
 DAY_FILES = "day=*/part-0.parquet"
+_DAY_FILE = re.compile(r"day=[^/]+/part-0\.parquet")
 
 
 def day_file(dataset: Path | str, day: str) -> Path | str:
@@ -256,10 +261,9 @@ def write_day(table: pa.Table, dataset: Path | str, day: str, settings: ObjectSt
     is one PUT.
     """
     fs, target = filesystem(day_file(dataset, day), settings)
-    if fs.isfile(target):
-        with fs.open(target, "rb") as f:
-            if pq.read_table(f, schema=SCHEMA).equals(table):
-                return False
+    existing = _read_bytes(fs, target)
+    if existing is not None and pq.read_table(pa.BufferReader(existing), schema=SCHEMA).equals(table):
+        return False
     if is_local(fs):
         Path(target).parent.mkdir(parents=True, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=Path(target).parent, prefix=".part-0.", suffix=".tmp")
@@ -356,7 +360,7 @@ def write_manifest(dataset: Path | str, settings: ObjectStoreSettings | None = N
     manifest = {"format": DATASET_FORMAT, "label_rule": LABEL_RULE, "partitioning": "hive: day=YYYY-MM-DD"}
     fs, path = filesystem(join(dataset, "_dataset.json"), settings)
     data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
-    if not fs.isfile(path) or fs.cat_file(path) != data:
+    if _read_bytes(fs, path) != data:
         if is_local(fs):
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         fs.pipe_file(path, data)
@@ -365,16 +369,26 @@ def write_manifest(dataset: Path | str, settings: ObjectStoreSettings | None = N
 def dataset_exists(dataset: Path | str, settings: ObjectStoreSettings | None = None) -> bool:
     """Whether the dataset is there: a local folder, or any object under the URL's prefix."""
     fs, root = filesystem(dataset, settings)
-    fs.invalidate_cache(root)
-    return bool(fs.isdir(root))
+    if is_local(fs):
+        return Path(root).is_dir()
+    return bool(fs.find(root))  # a fresh listing: an object store has no folders, only keys under a prefix
 
 
 def day_files(dataset: Path | str, settings: ObjectStoreSettings | None = None) -> list[str]:
     """Every day file of the dataset, sorted: local paths, or URLs for a dataset on an object store."""
     fs, root = filesystem(dataset, settings)
-    fs.invalidate_cache(root)
-    found = sorted(fs.glob(f"{root.rstrip('/')}/{DAY_FILES}"))
+    root = root.rstrip("/")
+    # find lists every key under the prefix afresh; glob would walk listings cached before the days were written.
+    found = sorted(path for path in fs.find(root) if _DAY_FILE.fullmatch(path[len(root) + 1 :]))
     return found if is_local(fs) else [fs.unstrip_protocol(path) for path in found]
+
+
+def _read_bytes(fs: AbstractFileSystem, path: str) -> bytes | None:
+    """A file's bytes, or None when there is none (asked of the store itself, never of a cached listing)."""
+    try:
+        return fs.cat_file(path)
+    except FileNotFoundError:
+        return None
 
 
 def dataset_glob(dataset: str | Path) -> str | None:
