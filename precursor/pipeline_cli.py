@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from contracts.object_store import ObjectStoreError, as_location
 from contracts.settings import KafkaSettings, PrecursorSettings
 from precursor.common import FormatOption, StoreOption, fail, store_path
 from precursor.output import show
@@ -29,12 +30,18 @@ BeamArgOption = Annotated[
     typer.Option("--beam-arg", help="extra Beam pipeline option, e.g. --beam-arg=--flink_master=host:8081"),
 ]
 DatasetOption = Annotated[
-    Path | None, typer.Option("--dataset", help="labeled dataset folder [default: <state>/datasets/labeled]")
+    str | None,
+    typer.Option(
+        "--dataset",
+        help="labeled dataset: a folder, or an object store URL such as s3://bucket/labeled (credentials from "
+        "PRECURSOR_S3_* or AWS_*) [default: <state>/datasets/labeled]",
+    ),
 ]
 
 
-def dataset_path(dataset: Path | None) -> Path:
-    return dataset or PrecursorSettings().state_dir / "datasets" / "labeled"
+def dataset_path(dataset: str | Path | None) -> Path | str:
+    """The dataset option as a location: a local ``Path``, or a URL kept as it was written."""
+    return as_location(str(dataset)) if dataset else PrecursorSettings().state_dir / "datasets" / "labeled"
 
 
 @pipeline_app.command("run")
@@ -104,7 +111,7 @@ def pipeline_label(
     folder = dataset_path(dataset)
     try:
         r = run_labeling(store_path(store), folder, runner=runner, beam_args=beam_arg or [])
-    except (EngineError, FileNotFoundError) as err:
+    except (EngineError, FileNotFoundError, ObjectStoreError) as err:
         raise fail(str(err)) from None
     outcomes = ", ".join(f"{k} {v}" for k, v in r.outcomes.items()) or "none"
     typer.echo(
@@ -135,7 +142,7 @@ def pipeline_monitor(
         r = run_monitoring(
             store_path(store), dataset_path(dataset), reference=ref, runner=runner, beam_args=beam_arg or []
         )
-    except (EngineError, FileNotFoundError, ValueError) as err:
+    except (EngineError, FileNotFoundError, ValueError, ObjectStoreError) as err:
         raise fail(str(err)) from None
     columns = ("model_version", "window_start", "window_end", "examples", "precision", "recall", "failures",
                "failures_caught", "mean_lead_time_h")  # fmt: skip
