@@ -4,18 +4,21 @@ Occlusion scores the window again with one piece of its context taken out, and c
 weight. What "taken out" means is chosen so that the window stays one the model knows, since a window it never saw
 would move the risk for reasons of its own:
 
-- **Nothing is removed: each token is replaced by the neutral token of its own slot.** The model reads absolute
-  positions, so removing a token moves every later one. On the small models we measured, removing the hour-of-day
-  token (which means nothing to them: replacing it by another hour moved the risk by 1e-4) moved the risk of true
-  alerts by 0.15 on average, as much as removing an error code did: the explanation would name the shift.
+- **Tokens are replaced by the neutral token of their own slot, not removed.** The model reads absolute positions,
+  so removing a token moves every later one. On the small models we measured, removing the hour-of-day token (which
+  means nothing to them: replacing it by another hour moved the risk by 1e-4) moved the risk of true alerts by 0.15
+  on average, as much as removing an error code did: an explanation by removal would name the shift.
 - **a sensor**: each of its statistic tokens becomes that statistic's *missing* token (and its value 0, for a model
   with a value channel). Training hides random readings this very way (token dropout), so "this sensor said
   nothing" is familiar to the model, and neutral: it falls back on the other sensors and the context.
-- **an error code**: its tokens (``err:C`` before the window, ``ev:error:C`` inside it) become the unknown code's
-  (``err:?``, ``ev:error:?``): the window keeps an error there, but not which one.
-- **a maintained part**: its age becomes the bin of one horizon, "had the part been serviced a horizon ago" (not
-  "never", rare and a risk of its own, nor "minutes ago", a fresh repair being one too), and its maintenance events
-  inside the window become ``ev:maintenance:?``.
+- **an error code**: two references, and the smaller drop counts. Its tokens (``err:C`` before the window,
+  ``ev:error:C`` inside it) become the unknown code's (``err:?``, ``ev:error:?``), which keeps the positions but is a
+  token training rarely shows; and they are taken out, which is a window training shows (how many errors a window
+  has varies) but moves the positions. A code is a reason only where both say so.
+- **a maintained part**: two references again, the smaller drop counting: its age becomes the bin of one horizon
+  ("had it been serviced a horizon ago") or ``never``. Either alone can mislead: in a fleet serviced only after
+  repairs, one horizon ago means "just repaired", and the risk falls for that; in one serviced every week, never is
+  rare. Its maintenance events inside the window become ``ev:maintenance:?``.
 - **the last failure**: its age becomes ``lastfail=never`` (no failure in the lookback: the usual case).
 - **an attribute**: its token becomes the attribute's unknown value ``attr:K=?``.
 
@@ -378,14 +381,29 @@ class OcclusionExplainer:
         )
 
     def _direction(self, ids: np.ndarray, positions: list[int]) -> str:
-        """``high``, ``low`` or ``missing`` where the statistic's bins say so (top or bottom quarter), else ``""``."""
+        """``high`` or ``low`` (``rising`` or ``falling`` for a slope) where every reading shown lies at least a bin
+        past the machine's usual value, ``missing`` where none is there, else ``""``.
+
+        Readings are scaled per machine around their usual value, so the usual mean, last, minimum and maximum is 0,
+        and so is a flat slope; the usual spread is the middle bin's. Bins are cut half where failing windows lie, so
+        the middle bin itself is no usual value."""
         if not positions:
             return ""
-        bins = self._stat_bin[ids[positions]]
-        if np.all(bins == self._bins):
+        chosen = ids[positions]
+        bins = self._stat_bin[chosen]
+        seen = bins < self._bins
+        if not seen.any():
             return "missing"
-        share = float(np.mean(bins[bins < self._bins])) / max(1, self._bins - 1)
-        return "high" if share >= 0.75 else "low" if share <= 0.25 else ""
+        offsets = []
+        for i, b in zip(chosen[seen].tolist(), bins[seen].tolist(), strict=True):
+            key, sensor = self._keys[self._stat_key[i]], int(self._stat_sensor[i])
+            statistic = key[1:] if key.startswith("w") else key
+            edges = self.tokenizer.state.edges[key][sensor]
+            usual = (len(edges) + 1) // 2 if statistic == "std" else int(np.searchsorted(edges, 0.0, side="right"))
+            offsets.append(b - usual)
+        rising = "rising" if statistic == "slope" else "high"
+        falling = "falling" if statistic == "slope" else "low"
+        return rising if min(offsets) >= 1 else falling if max(offsets) <= -1 else ""
 
 
 def _apply(
