@@ -253,14 +253,26 @@ def observe(
                 kafka, group, [topics.telemetry], window_s=settings.window_s, now=now, at_least=reached, missing_ok=True
             ),
         ]
-        judge = HeartbeatJudge.from_files(enrolled_edges, None) if enrolled_edges is not None else None
-        seen.edges = recent_edge_flows(kafka, since=stale, judge=judge, timeout_s=settings.timeout_s)
-    except (BrokerUnreachable, KafkaError, OSError, ValueError) as err:
+        seen.edges = recent_edge_flows(
+            kafka, since=stale, judge=_judge(enrolled_edges, seen), timeout_s=settings.timeout_s
+        )
+    except (BrokerUnreachable, KafkaError, OSError) as err:
         seen.problems.append(f"Kafka at {kafka.bootstrap_servers}: {err}")
         seen.edges = [_edge_from_store(row) for row in stored_edges]  # the edges as the store last heard of them
     if model_registry is not None:
         seen.retraining = newest_training(model_registry)
     return seen
+
+
+def _judge(enrolled_edges: Path | None, seen: Observations) -> HeartbeatJudge | None:
+    """Who may speak for an edge: with an enrolled-edges file, forged heartbeats are left out of the flow."""
+    if enrolled_edges is None:
+        return None
+    try:
+        return HeartbeatJudge.from_files(enrolled_edges, None)
+    except (OSError, ValueError) as err:
+        seen.problems.append(f"enrolled edges: {err} (heartbeats taken unjudged)")
+        return None
 
 
 def _edge_from_store(row: dict[str, Any]) -> EdgeFigures:
