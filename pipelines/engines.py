@@ -37,6 +37,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.settings import PrecursorSettings
+from infra.flink_cluster import FLINK_CLUSTER_LOGGING_POM
 from infra.maven_jars import MissingToolError, pom_digest, resolve_runtime_jars
 
 LOCAL = "local"
@@ -71,6 +72,9 @@ class EngineSettings(BaseSettings):
     flink_job_server_jar: Path | None = Field(None, description="a Flink job server jar instead of the resolved one")
     flink_master: str = Field("[local]", description="[local] for an embedded cluster, or host:port of a cluster")
     flink_environment: str = Field("LOOPBACK", description="where SDK workers run: LOOPBACK, PROCESS or EXTERNAL")
+    flink_environment_config: str | None = Field(
+        None, description="host:port of the SDK worker pool for EXTERNAL (`precursor flink up` starts one)"
+    )
     parallelism: int = Field(2, ge=1)
 
     @property
@@ -84,6 +88,10 @@ class EngineSettings(BaseSettings):
     @property
     def flink_jars_root(self) -> Path:
         return self.install_root / "flink"
+
+    @property
+    def flink_cluster_jars_root(self) -> Path:
+        return self.install_root / "flink-cluster"
 
     def flink_jar(self) -> Path:
         """The job server jar: the configured one, else the one the install step resolved (never resolved here)."""
@@ -140,6 +148,11 @@ def engine(name: str, beam_args: list[str] | None = None, settings: EngineSettin
             f"--flink_master={settings.flink_master}",
             f"--flink_job_server_jar={settings.flink_jar()}",
             f"--environment_type={settings.flink_environment}",
+            *(
+                [f"--environment_config={settings.flink_environment_config}"]
+                if settings.flink_environment_config
+                else []
+            ),
             f"--parallelism={settings.parallelism}",
             *(f"--job_server_jvm_properties={opening}" for opening in _JAVA17_OPENS),
         ]
@@ -190,6 +203,8 @@ def install_flink(settings: EngineSettings | None = None, *, report: Callable[[s
     """Resolve Beam's Flink runner and its jars from Maven Central, and write the job server's launcher (once)."""
     settings = settings or EngineSettings()
     folder = resolve_runtime_jars(FLINK_POM, settings.flink_jars_root, report=report)
+    # The logging backend of a local Flink cluster (`precursor flink up`), so that starting one downloads nothing.
+    resolve_runtime_jars(FLINK_CLUSTER_LOGGING_POM, settings.flink_cluster_jars_root, report=report)
     launcher = folder / FLINK_LAUNCHER
     if not launcher.is_file():
         write_launcher_jar(launcher, FLINK_JOB_SERVER_MAIN, sorted(p.name for p in folder.glob("*.jar")))

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from precursor.common import fail
+from precursor.flink_cli import flink_app
 from precursor.flows_cli import flows_app
 from precursor.kafka_cli import kafka_app
 from precursor.keys_cli import keys_command
@@ -32,6 +33,7 @@ app = typer.Typer(
 )
 edge_app = typer.Typer(help="The edge agent daemon.", no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
+app.add_typer(flink_app, name="flink")
 app.add_typer(edge_app, name="edge")
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(query_app, name="query")
