@@ -393,10 +393,11 @@ def _signed_bytes_of(artifact: Path) -> tuple[bytes, ManifestSignature, str]:
 def artifact_sha256(artifact_dir: Path | str) -> str:
     """The hash a release announces for an artifact and an edge reports it runs: the sha256 of its manifest's exact
     bytes, which pins every file through their hashes. Not a verification: see :func:`verify_release`."""
-    return _manifest_sha256((Path(artifact_dir) / MANIFEST_FILE).read_bytes())
+    return manifest_sha256((Path(artifact_dir) / MANIFEST_FILE).read_bytes())
 
 
-def _manifest_sha256(manifest_bytes: bytes) -> str:
+def manifest_sha256(manifest_bytes: bytes) -> str:
+    """:func:`artifact_sha256` of a manifest already read (from an object store, an archive)."""
     return hashlib.sha256(manifest_bytes).hexdigest()
 
 
@@ -424,7 +425,7 @@ def release_for(
         {
             "version": manifest.version,
             "model_name": manifest.model_name,
-            "sha256": _manifest_sha256(manifest_bytes),
+            "sha256": manifest_sha256(manifest_bytes),
             "signature": signature.signature,
             "key_id": signature.key_id,
             "size_bytes": manifest.size_bytes,
@@ -440,7 +441,7 @@ def verify_release(release: ModelRelease, artifact_dir: Path | str, trusted_keys
     artifact_dir = Path(artifact_dir)
     manifest = verify_artifact(artifact_dir, trusted_keys)
     manifest_bytes = (artifact_dir / MANIFEST_FILE).read_bytes()
-    digest = _manifest_sha256(manifest_bytes)
+    digest = manifest_sha256(manifest_bytes)
     if digest != release.sha256:
         raise TamperedArtifactError(
             f"artifact {artifact_dir}: manifest sha256 {digest} does not match release sha256 {release.sha256}"
