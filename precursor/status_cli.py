@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from precursor.common import JsonFlag, StoreOption, fail, store_path
+from precursor.common import StoreOption, fail, store_path
 from precursor.output import OutputFormat, show
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def status_command(
     registry: Annotated[
         Path | None, typer.Option("--registry", help="model registry: adds what retraining costs")
     ] = None,
-    as_json: JsonFlag = False,
+    as_json: Annotated[bool, typer.Option("--json", help="the whole answer as JSON (what /api/v1/flow says)")] = False,
     check: Annotated[bool, typer.Option("--check", help="exit 1 when a stage is behind (for monitoring)")] = False,
 ) -> None:
     """The dataflow stage by stage (edge agents, Kafka, pipeline, store): rates, backlogs, the bottleneck by the
