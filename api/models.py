@@ -83,6 +83,34 @@ class FleetSummary(Out):
     newest_window_end: datetime | None
 
 
+class ReasonDetail(Out):
+    statistic: str | None = Field(None, description="mean, std, slope, last, min or max, for a sensor")
+    block: int | None = Field(None, description="the block of the window the statistic mattered most in")
+    from_h: float | None = Field(None, description="hours before the window end the evidence starts")
+    to_h: float | None = Field(None, description="hours before the window end the evidence ends (0: the end)")
+    count: int | None = Field(None, description="how many such events the window's context holds")
+    age_h: float | None = Field(None, description="hours since the part's maintenance or the last failure")
+
+
+class Reason(Out):
+    """What moved a prediction's risk: the edge took it out of the window and the risk fell by ``risk_drop``."""
+
+    kind: Literal["sensor", "event", "context"]
+    name: str
+    risk_drop: float
+    detail: ReasonDetail | None = None
+    text: str = Field(description="the reason in words, e.g. 'vibration_rms level high in the last 1.5 h'")
+
+
+Reasons = Annotated[
+    list[Reason] | None,
+    Field(
+        description="what moved the risk most, largest first, as the edge found it by occlusion (alerting windows of "
+        "an explainable model only; null where it did not explain the prediction)"
+    ),
+]
+
+
 class LatestPrediction(Out):
     machine_id: str
     max_risk: float
@@ -95,6 +123,7 @@ class LatestPrediction(Out):
     model_version: str
     edge_id: str
     seq: int
+    reasons: Reasons = None
 
 
 class MachineSummary(Out):
@@ -119,6 +148,7 @@ class PredictionRow(Out):
     model_version: str
     edge_id: str
     seq: int
+    reasons: Reasons = None
 
 
 class RiskPoint(Out):
@@ -194,6 +224,9 @@ class AlertRow(Out):
     at: datetime
     risk: float
     model_version: str
+    reasons: list[Reason] | None = Field(
+        None, description="the reasons of the prediction that decided the alert, where its edge explained it"
+    )
 
 
 class ModelVersionUsage(Out):

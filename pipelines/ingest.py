@@ -143,10 +143,17 @@ class DropDuplicates(beam.PTransform):
     """
 
     def __init__(
-        self, event_time: int, key: int = MACHINE, counter: str = "duplicates_dropped", identity: int = 2
+        self,
+        event_time: int,
+        key: int = MACHINE,
+        counter: str = "duplicates_dropped",
+        identity: int = 2,
+        arrival: int = -2,
     ) -> None:
-        """``identity``: how many leading fields make a record unique (2: edge_id and seq)."""
+        """``identity``: how many leading fields make a record unique (2: edge_id and seq); ``arrival``: where the
+        record's partition lies, its offset next (the last two fields unless a record says otherwise)."""
         super().__init__()
+        self._arrival = arrival
         self._event_time = event_time
         self._key = key
         self._counter = counter
@@ -157,12 +164,13 @@ class DropDuplicates(beam.PTransform):
         event_time = self._event_time
         key = self._key
         identity = self._identity
+        arrival = self._arrival
 
         def keep_first(group: tuple[str, Iterable[tuple[Any, ...]]]) -> TimestampedValue:
             machine_id, records = group
             seen: set[tuple[Any, ...]] = set()
             unique = []
-            for r in sorted(records, key=lambda r: (r[-2], r[-1])):  # arrival order: (partition, offset)
+            for r in sorted(records, key=lambda r: (r[arrival], r[arrival + 1])):  # arrival: (partition, offset)
                 if r[:identity] in seen:
                     duplicates.inc()
                     continue
@@ -203,6 +211,7 @@ def prediction_batch(rows: Sequence[tuple[Any, ...]], ingested_at: datetime) -> 
             "emitted_at": pa.array([r.emitted_at_us for r in records], UTC_MICROS),
             "ingested_at": pa.array([to_micros(ingested_at)] * len(records), UTC_MICROS),
             "threshold": pa.array([r.threshold for r in records], pa.float64()),
+            "reasons": pa.array([r.reasons for r in records], pa.string()),
         }
     )
 
@@ -327,6 +336,7 @@ class _IngestTopic(beam.PTransform):
     event_time: int
     key: int = MACHINE
     identity: int = 2
+    arrival: int = -2  # where a record's partition lies, its offset next
     counter_prefix: str = ""
 
     def __init__(
@@ -353,7 +363,7 @@ class _IngestTopic(beam.PTransform):
         prefix = self.counter_prefix or self.model.__name__
         duplicates = f"{prefix}.duplicates_dropped" if self.counter_prefix else "duplicates_dropped"
         per_key = parsed["valid"] | "DropDuplicates" >> DropDuplicates(
-            self.event_time, self.key, duplicates, self.identity
+            self.event_time, self.key, duplicates, self.identity, self.arrival
         )
         records = per_key | "EachRecord" >> beam.FlatMap(_each_record)
         if self._regroup:
@@ -370,6 +380,7 @@ class IngestPredictions(_IngestTopic):
     to_record = staticmethod(prediction_record)
     to_batch = staticmethod(prediction_batch)
     event_time = PredictionRecord._fields.index("window_end_us")
+    arrival = PredictionRecord._fields.index("partition")  # fields added later (threshold, reasons) come after it
 
 
 class IngestEvents(_IngestTopic):

@@ -19,6 +19,7 @@ True
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import NamedTuple
 
@@ -60,6 +61,7 @@ class PredictionRecord(NamedTuple):
     partition: int  # where it was read from: the arrival order that lateness is judged by
     offset: int
     threshold: float | None = None  # the model's own alert threshold, when it sent one
+    reasons: str | None = None  # what moved the risk most (JSON, as the edge explained it), when it did
 
     @property
     def risk_dict(self) -> dict[str, float]:
@@ -147,7 +149,15 @@ def prediction_record(p: Prediction, *, partition: int, offset: int) -> Predicti
         partition,
         offset,
         p.threshold,
+        reasons_json(p),
     )
+
+
+def reasons_json(p: Prediction) -> str | None:
+    """A prediction's reasons as compact JSON (unset fields left out), or None where the edge sent none."""
+    if p.reasons is None:
+        return None
+    return json.dumps([r.model_dump(mode="json", exclude_none=True) for r in p.reasons], separators=(",", ":"))
 
 
 def event_record(e: EdgeEvent, *, partition: int, offset: int) -> EventRecord:

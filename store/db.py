@@ -84,6 +84,8 @@ CREATE TABLE IF NOT EXISTS predictions (
 );
 -- Stores made before predictions carried their model's threshold gain the column (NULL: judged at the default).
 ALTER TABLE predictions ADD COLUMN IF NOT EXISTS threshold DOUBLE;
+-- What moved the risk most, as the edge explained it (alerting windows only; NULL: not explained).
+ALTER TABLE predictions ADD COLUMN IF NOT EXISTS reasons JSON;
 CREATE TABLE IF NOT EXISTS events (
     edge_id     VARCHAR NOT NULL,
     seq         BIGINT  NOT NULL,

@@ -229,6 +229,7 @@ class StoreReader:
         # False: derive each machine's latest prediction from all predictions (what a store without the kept table
         # costs; benchmarks compare the two).
         self._latest_kept: bool | None = None if use_latest_table else False
+        self._reasons_column: bool | None = None
 
     # -- plumbing --------------------------------------------------------------------------------------------
 
@@ -237,6 +238,17 @@ class StoreReader:
             found = self.con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()")
             self._tables = {r[0] for r in found.fetchall()}
         return name in self._tables
+
+    def _reasons(self) -> str:
+        """SQL for a prediction's reasons: the column, or NULL in a store written before predictions carried them
+        (read-only here, so never migrated by this reader)."""
+        if self._reasons_column is None:
+            found = self.con.execute(
+                "SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() "
+                "AND table_name = 'predictions' AND column_name = 'reasons'"
+            ).fetchone()
+            self._reasons_column = bool(found and found[0])
+        return "reasons" if self._reasons_column else "NULL::JSON AS reasons"
 
     def _has_rows(self, table: str) -> bool:
         return self.has_table(table) and self.con.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() is not None
@@ -249,6 +261,8 @@ class StoreReader:
             row = {n: plain(v) for n, v in zip(names, values, strict=True)}
             if "risk" in row and isinstance(row["risk"], str):
                 row["risk"] = _risk(row["risk"])
+            if isinstance(row.get("reasons"), str):
+                row["reasons"] = json.loads(row["reasons"])
             out.append(row)
         return out
 
@@ -441,9 +455,9 @@ class StoreReader:
         if counts["predictions"] == 0 and not events:
             return None
         latest = self.rows(
-            """
+            f"""
             SELECT machine_id, max_risk, top_kind, risk, window_start, window_end, horizon_h, model_name,
-                   model_version, edge_id, seq
+                   model_version, edge_id, seq, {self._reasons()}
             FROM predictions WHERE machine_id = ? ORDER BY window_end DESC, seq DESC LIMIT 1
             """,
             [machine_id],
@@ -473,7 +487,7 @@ class StoreReader:
         rows = self.rows(
             f"""
             SELECT window_start, window_end, max_risk, top_kind, risk, horizon_h, model_name, model_version,
-                   edge_id, seq
+                   edge_id, seq, {self._reasons()}
             FROM predictions {where.sql}
             ORDER BY window_end DESC, seq DESC
             LIMIT ? OFFSET ?
@@ -662,13 +676,40 @@ class StoreReader:
         where.maybe("kind = ?", kind)
         where.maybe("ts >= ?", since)
         where.maybe("ts <= ?", until)
-        return self._page(
+        page = self._page(
             f'SELECT machine_id, kind, state, ts AS "at", risk, model_version FROM alerts {where.sql}',
             where.params,
             '"at" DESC, machine_id, kind',
             limit,
             offset,
         )
+        self._add_alert_reasons(page.rows)
+        return page
+
+    def _add_alert_reasons(self, rows: list[dict[str, Any]]) -> None:
+        """Each alert's ``reasons``: those of the prediction that decided it (its machine, window end and model
+        version; the newest such where edges sent several), looked up for the page's alerts only."""
+        for row in rows:
+            row["reasons"] = None
+        if not rows or self._reasons() != "reasons":
+            return
+        found = self.con.execute(
+            """
+            WITH a AS (
+                SELECT unnest(?::VARCHAR[]) AS machine_id, unnest(?::TIMESTAMPTZ[]) AS ts,
+                       unnest(?::VARCHAR[]) AS model_version
+            )
+            SELECT a.machine_id, a.ts, a.model_version, arg_max(p.reasons, p.seq)::VARCHAR
+            FROM a JOIN predictions AS p
+              ON p.machine_id = a.machine_id AND p.window_end = a.ts AND p.model_version = a.model_version
+            WHERE p.reasons IS NOT NULL
+            GROUP BY ALL
+            """,
+            [[r["machine_id"] for r in rows], [r["at"] for r in rows], [r["model_version"] for r in rows]],
+        ).fetchall()
+        by_key = {(m, t, v): json.loads(reasons) for m, t, v, reasons in found}
+        for row in rows:
+            row["reasons"] = by_key.get((row["machine_id"], row["at"], row["model_version"]))
 
     # -- models ------------------------------------------------------------------------------------------------
 

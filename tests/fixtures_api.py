@@ -23,7 +23,7 @@ import numpy as np
 import uvicorn
 
 from contracts.alerting import AlertRule
-from contracts.messages import EdgeEvent, Event, Heartbeat, Prediction, TelemetrySummary
+from contracts.messages import EdgeEvent, Event, Heartbeat, Prediction, Reason, ReasonDetail, TelemetrySummary
 from edge_agent.config import WindowSpec
 from edge_agent.records import Reading
 from edge_agent.summaries import TelemetrySummarizer, summary_messages
@@ -80,6 +80,35 @@ def _risks(data, machine_id: str, at: datetime, rng: np.random.Generator, kinds:
     return {k: round(v, 4) for k, v in risk.items()}
 
 
+SIGNATURE_SENSOR = {
+    "bearing": "vibration_rms",
+    "overheat": "winding_temp",
+    "seal_leak": "pressure",
+    "electrical": "motor_current",
+    "clog": "flow",
+}
+"""The sensor each failure kind shows on first (simulator.physics): what an edge's explanation names."""
+
+
+def _reasons(risk: dict[str, float]) -> list[Reason] | None:
+    """The reasons an explaining edge sends with a prediction at or above the threshold: the riskiest kind's
+    sensor, then a generic error code."""
+    kind = max(risk, key=lambda k: risk[k])
+    if risk[kind] < ALERT_RULE.default_threshold:
+        return None
+    sensor = SIGNATURE_SENSOR[kind]
+    return [
+        Reason(
+            kind="sensor",
+            name=sensor,
+            risk_drop=round(risk[kind] / 2, 4),
+            detail=ReasonDetail(statistic="mean", block=3, from_h=1.5, to_h=0.0),
+            text=f"{sensor} level high in the last 1.5 h",
+        ),
+        Reason(kind="event", name="error:E001", risk_drop=0.02, detail=ReasonDetail(count=2), text="error E001 twice"),
+    ]
+
+
 def simulated_fleet_messages(
     *, machines: int = 10, days: float = 6.0, seed: int = 11, step: timedelta = timedelta(hours=1)
 ) -> tuple[object, list[Prediction], list[EdgeEvent], datetime]:
@@ -128,6 +157,7 @@ def simulated_fleet_messages(
         edge = edge_of[machine_id]
         seq[edge] += 1
         version = NEW_VERSION if edge == "edge-a" and window_end >= rollout_at else OLD_VERSION
+        risk = _risks(data, machine_id, window_end, rng, kinds)
         predictions.append(
             Prediction(
                 edge_id=edge,
@@ -136,10 +166,11 @@ def simulated_fleet_messages(
                 window_start=window_end - timedelta(hours=6),
                 window_end=window_end,
                 horizon_h=24,
-                risk=_risks(data, machine_id, window_end, rng, kinds),
+                risk=risk,
                 model_name="precursor-lm",
                 model_version=version,
                 emitted_at=window_end + timedelta(seconds=5),
+                reasons=_reasons(risk),
             )
         )
     return data, predictions, events, rollout_at
