@@ -29,6 +29,7 @@ is configured or the edge runs no artifact, e.g. a built-in baseline).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from contracts.enrollment import EnrolledKey, EnrollmentError, parse_enrolled_edges
 from contracts.messages import Heartbeat
-from models.registry import MANIFEST_FILE, artifact_sha256
+from contracts.object_store import as_location, filesystem
+from models.registry import MANIFEST_FILE, artifact_sha256, manifest_sha256
 from models.signing import SignatureError, key_id, public_key_from_text, verify
 from pipelines.records import HeartbeatRecord, heartbeat_record
 
@@ -67,7 +69,7 @@ class HeartbeatJudge:
         self._keys: dict[str, dict[str, Ed25519PublicKey]] | None = None
 
     @classmethod
-    def from_files(cls, enrolled_edges: Path | None, model_registry: Path | None) -> HeartbeatJudge:
+    def from_files(cls, enrolled_edges: Path | None, model_registry: Path | str | None) -> HeartbeatJudge:
         """Read the enrolled-edges file and the registry's release hashes; a file that is missing or malformed is an
         error here, before anything is judged by half a register."""
         enrolled = None
@@ -122,11 +124,19 @@ class HeartbeatJudge:
 
 def release_hashes(registry: Path | str) -> set[str]:
     """The hash every release of the registry is announced and reported by: sha256 of its manifest's bytes, for
-    each ``ROOT/<model_name>/<version>/``."""
-    root = Path(registry)
-    if not root.is_dir():
-        raise FileNotFoundError(f"model registry {root} is not a directory")
-    return {artifact_sha256(path.parent) for path in root.glob(f"*/*/{MANIFEST_FILE}")}
+    each ``ROOT/<model_name>/<version>/``. ``registry`` is a folder or an object store URL."""
+    location = as_location(registry)
+    if isinstance(location, str):
+        fs, root = filesystem(location)
+        root = root.rstrip("/")
+        keys = fs.find(root)
+        if not keys:
+            raise FileNotFoundError(f"model registry {location} holds nothing")
+        manifests = [p for p in keys if re.fullmatch(rf"[^/]+/[^/]+/{re.escape(MANIFEST_FILE)}", p[len(root) + 1 :])]
+        return {manifest_sha256(fs.cat_file(p)) for p in manifests}
+    if not location.is_dir():
+        raise FileNotFoundError(f"model registry {location} is not a directory")
+    return {artifact_sha256(path.parent) for path in location.glob(f"*/*/{MANIFEST_FILE}")}
 
 
 class JudgedHeartbeatRecords:

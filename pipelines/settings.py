@@ -30,6 +30,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.alerting import DEFAULT_THRESHOLD, AlertRule
 from contracts.durations import Duration
+from contracts.object_store import Location
 
 Threshold = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 
@@ -85,10 +86,10 @@ class PipelineSettings(BaseSettings):
         description="the enrolled-edges file (lines as `precursor edge enroll` prints them): heartbeats signed by a "
         "key it lists for their edge are verified, other signed ones are flagged forged; re-read every run",
     )
-    model_registry: Path | None = Field(
+    model_registry: Location | None = Field(
         None,
-        description="the model registry root: heartbeats reporting a model hash none of its releases has are "
-        "flagged as running an unknown model",
+        description="the model registry root (a folder or an object store URL): heartbeats reporting a model hash "
+        "none of its releases has are flagged as running an unknown model",
     )
 
     @model_validator(mode="after")

@@ -31,6 +31,7 @@ from models.dataset import Fleet, build_windows
 from models.object_registry import ObjectStoreRegistry, open_registry
 from models.registry import TamperedArtifactError
 from models.signing import load_public_keys
+from pipelines.edge_trust import release_hashes
 from pipelines.labeling import read_dataset, run_labeling
 from tests.test_flows_retrain import read_releases
 from tests.test_pipeline_labeling import NO_LATENESS, FleetHistory, steady, store_history
@@ -169,6 +170,7 @@ def test_a_model_registered_and_released_on_s3_is_fetched_and_swapped_in_and_a_t
     assert {"manifest.json", "manifest.sig", "model.onnx", "precursor.json"} <= objects
     (release,) = read_releases(kafka_settings)
     assert release.artifact_uri == version_url and release.version == report.version
+    assert release_hashes(registry_url) == {release.sha256}  # what ingest tells a known model from an unknown one
 
     # An edge without the s3 extra refuses for now, naming it, and tries again later; with it, it swaps.
     with monkeypatch.context() as without:
