@@ -412,6 +412,41 @@ function sensorPanel(name, points, box) {
   );
 }
 
+// Why: for each alert it raised, what moved the risk most, as the edge found it by occlusion on its model (the
+// reasons of the prediction that raised it), newest first; and for the latest prediction where the edge explained it.
+function reasonList(reasons) {
+  return h(
+    "span",
+    { class: "reasons" },
+    reasons.flatMap((r, i) => [i ? "; " : null, h("span", { class: `reason ${r.kind}`, title: `${r.kind} ${r.name}: the risk fell by ${pct(r.risk_drop)} without it`, text: r.text })]),
+  );
+}
+
+function reasonsPanel(t) {
+  const latest = t.summary.latest;
+  const raised = t.alerts.filter((a) => a.state === "raised").sort((a, b) => (a.at < b.at ? 1 : a.at > b.at ? -1 : 0)).slice(0, 8);
+  return h(
+    "section",
+    { class: "panel", id: "reasons-panel" },
+    h("header", {}, h("h2", { text: "Why: the reasons of its alerts" }), h("span", { class: "hint", text: "what moved the risk most, as the edge found it" })),
+    latest?.reasons?.length ? h("p", { class: "why-now", id: "latest-reasons" }, h("b", { text: "Latest window: " }), reasonList(latest.reasons)) : null,
+    raised.length
+      ? h(
+          "ul",
+          { class: "feed why", id: "alert-reasons" },
+          raised.map((a) =>
+            h(
+              "li",
+              { dataset: { at: a.at, kind: a.kind } },
+              h("span", { class: "when", text: `${formatTime(ms(a.at))} · ${a.kind} ${pct(a.risk)}` }),
+              a.reasons?.length ? reasonList(a.reasons) : h("span", { class: "muted", text: "no reasons: its edge does not explain this model" }),
+            ),
+          ),
+        )
+      : h("div", { class: "empty", text: "No alerts raised in this range." }),
+  );
+}
+
 function renderMachine() {
   const machine = state.machine;
   if (!machine || state.page !== "machine") return;
@@ -474,6 +509,7 @@ function renderMachine() {
       h("header", {}, h("h2", { text: "Predicted risk over time" }), legend),
       h("div", { class: "panel-body" }, t.risk.length ? riskBox : h("div", { class: "empty", text: "No predictions in this range." })),
     ),
+    reasonsPanel(t),
     h(
       "div",
       { class: "grid cols-main" },
