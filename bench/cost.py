@@ -144,6 +144,9 @@ def edge(home: Path, machines: int, days: float, model: dict[str, object], energ
         stats = daemon.run()
     scoring = estimate(daemon.agent.flow.scoring_cpu_s, stats.predictions, model=energy.power_model())
     note = f"{stats.readings:,} readings, {stats.predictions:,} windows scored in {meter.wall_s:.1f} s"
+    explained = getattr(stats, "explained", 0)
+    if explained:  # occlusion on the alerting windows: agent work beside scoring, on by default with the LM
+        note += f"; {explained:,} alerting windows explained in {daemon.agent.explain_seconds:.1f} s"
     return [
         Row(f"edge scoring ({name})", "edge", scoring, note=note),
         Row(f"edge agent ({name})", "edge", meter.cost(stats.predictions), note="the whole process, scoring included"),
