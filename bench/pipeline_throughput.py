@@ -10,6 +10,9 @@ broker if it answers, else a temporary local one. The machine's load average is 
 shared machine it says how far to trust them.
 
     .venv/bin/python bench/pipeline_throughput.py --messages 100000 --engines local,prism,flink
+
+With ``--flink-cluster N``, ``flink`` runs on a local Flink cluster of N task managers started for the run
+(``precursor flink up``; ingest in streaming mode, parallelism N) instead of the job server's embedded mini-cluster.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -33,7 +38,7 @@ from kafka_throughput import predictions, reachable_broker
 from contracts.messages import EdgeEvent, encode
 from contracts.settings import KafkaSettings
 from infra.kafka_admin import admin_client, ensure_topics
-from pipelines.engines import ENGINES, EngineError, EngineSettings, engine
+from pipelines.engines import ENGINES, FLINK_POM, EngineError, EngineSettings, engine
 from pipelines.labeling import run_labeling
 from pipelines.run import run_once
 
@@ -71,14 +76,59 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--engines", default="local,prism,flink", help=f"comma-separated, of {', '.join(ENGINES)}")
+    parser.add_argument("--flink-cluster", type=int, default=0, metavar="N", help="run flink on N task managers")
     args = parser.parse_args(argv)
-    names = [n.strip() for n in args.engines.split(",") if n.strip()]
+    with ExitStack() as stack:
+        engine_settings = EngineSettings()
+        flink_args: list[str] = []
+        if args.flink_cluster:
+            engine_settings, where = stack.enter_context(flink_cluster(engine_settings, args.flink_cluster))
+            flink_args = ["--streaming"]
+            print(f"# flink: {where}")
+        measure(args, engine_settings, flink_args)
 
+
+@contextmanager
+def flink_cluster(settings: EngineSettings, taskmanagers: int) -> Iterator[tuple[EngineSettings, str]]:
+    """A local Flink cluster for the run, on free ports, and engine settings that send flink jobs to it."""
+    from infra.flink_cluster import FLINK_CLUSTER_LOGGING_POM, LocalFlinkCluster
+    from infra.kafka_broker import free_ports
+    from infra.maven_jars import pom_digest, resolve_runtime_jars
+
+    rest, rpc, pool = free_ports(3)
+    with tempfile.TemporaryDirectory() as state:
+        cluster = LocalFlinkCluster(
+            state_dir=state,
+            flink_jars=settings.flink_jars_root / pom_digest(FLINK_POM),
+            logging_jars=resolve_runtime_jars(FLINK_CLUSTER_LOGGING_POM, settings.flink_cluster_jars_root),
+            taskmanagers=taskmanagers,
+            rest_port=rest,
+            rpc_port=rpc,
+            worker_pool_port=pool,
+        )
+        cluster.up(report=lambda line: None)
+        try:
+            yield (
+                settings.model_copy(
+                    update={
+                        "flink_master": cluster.master,
+                        "flink_environment": "EXTERNAL",
+                        "flink_environment_config": f"{cluster.host}:{cluster.worker_pool_port}",
+                        "parallelism": taskmanagers,
+                    }
+                ),
+                f"a local cluster of {taskmanagers} task managers (streaming ingest, parallelism {taskmanagers})",
+            )
+        finally:
+            cluster.down(report=lambda line: None)
+
+
+def measure(args: argparse.Namespace, engine_settings: EngineSettings, flink_args: list[str]) -> None:
+    names = [n.strip() for n in args.engines.split(",") if n.strip()]
     print(
         f"# pipeline throughput, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}"
     )
-    engine_settings = EngineSettings()
     available, missing = [], {}
     for name in names:
         try:
@@ -101,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
 
                     def ingest(name: str = name, store: Path = store, report: dict = report) -> None:
                         report["first"] = run_once(settings, store, runner=name, engine_settings=engine_settings,
-                                                   from_beginning=True)  # fmt: skip
+                                                   from_beginning=True,
+                                                   beam_args=flink_args if name == "flink" else None)  # fmt: skip
 
                     rows.append(timed(f"ingest, {name}: all new", args.messages, ingest))
                     assert report["first"].stored == args.messages + len(failure_events(args.messages)), report

@@ -448,7 +448,19 @@ def training_settings(dataset: Dataset, seed: int, args: argparse.Namespace) -> 
         given.update(SMOKE_TRAINING)
         if args.max_steps is not None:
             given["max_steps"] = args.max_steps
+    given.update(args.set or {})
     return TrainSettings(**given)
+
+
+def _setting(value: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with VALUE read as JSON where it parses (numbers, true, lists), else as a string."""
+    key, sep, raw = value.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"--set {value!r}: expected KEY=VALUE")
+    try:
+        return key.strip(), json.loads(raw)
+    except json.JSONDecodeError:
+        return key.strip(), raw
 
 
 def selected(args: argparse.Namespace) -> list[Dataset]:
@@ -563,11 +575,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--max-steps", type=int, default=None, help="most steps per training (default: the LM's)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per training")
+    parser.add_argument(
+        "--set",
+        type=_setting,
+        action="append",
+        metavar="KEY=VALUE",
+        help="a training setting for every dataset (e.g. regimes=off), to try a setting across the whole suite",
+    )
     parser.add_argument("--quick", action="store_true", help=f"one seed, {', '.join(QUICK)}, capped steps")
     parser.add_argument("--smoke", action="store_true", help="one tiny simulated fleet, a few steps (for the tests)")
     parser.add_argument("--keep-artifacts", action="store_true", help="keep each run's signed artifact and fleet")
     args = parser.parse_args(argv)
     args.argv = argv
+    args.set = dict(args.set or [])
     small = args.quick or args.smoke
     if args.seeds is None:
         args.seeds = [0] if small else [0, 1, 2]
