@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from precursor.common import fail
+from precursor.explain_cli import explain_command
 from precursor.flink_cli import flink_app
 from precursor.flows_cli import flows_app
 from precursor.kafka_cli import kafka_app
@@ -43,6 +44,7 @@ app.command("simulate")(simulate_command)
 app.command("keys")(keys_command)
 app.command("train")(train_command)
 app.command("evaluate")(evaluate_command)
+app.command("explain")(explain_command)
 app.command("serve")(serve_command)
 app.command("status")(status_command)
 

@@ -3,12 +3,15 @@ the edge sends the reasons with its alerting predictions only."""
 
 from __future__ import annotations
 
+import json
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
+from typer.testing import CliRunner
 
 from contracts.messages import Prediction
 from edge_agent.agent import EdgeAgent
@@ -21,8 +24,10 @@ from models.explain import REMOVE, ExplainSettings, _apply, explainer_for
 from models.runtime import LMScorer
 from models.signing import generate_keypair, load_public_keys
 from models.train import TrainSettings, train
+from precursor.cli import app
 from simulator import FleetConfig, simulate_fleet
 from simulator.planted import plant_fault, write_fleet_files
+from tests.fixtures_store import store_messages
 from tests.test_edge_agent import ListSink
 from tests.test_lm_training import TINY, train_signed, write_tiny_fleet
 
@@ -253,3 +258,74 @@ def test_reasons_name_when_and_how_often_in_words(scorer: LMScorer, test_windows
     errors = [r for reasons in found for r in reasons if r.kind == "event" and r.name.startswith("error:")]
     assert errors and all(r.detail is not None and (r.detail.count or 0) >= 1 for r in errors)
     assert all(r.text.startswith("error ") and r.text.endswith(("once", "twice", "times")) for r in errors)
+
+
+def test_any_stored_prediction_is_explained_on_demand_where_its_telemetry_is(
+    planted: dict[str, Path], tmp_path: Path
+) -> None:
+    """``precursor explain`` on the edge's own config rebuilds the window it scored, from the same files, and shows
+    the stored prediction beside: the same risk, and for an alerting window the reasons it was sent with."""
+    config = edge_config(planted, tmp_path)
+    sink = ListSink()
+    EdgeAgent(config, load_scorer(config.model), sink).run(FileReplay(config.sources[0]))
+    predictions = [m for m in sink.messages if isinstance(m, Prediction)]
+    store = tmp_path / "store.duckdb"
+    store_messages(store, predictions)
+    (tmp_path / "edge.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json", exclude={"kafka"})))
+    alerting = next(p for p in reversed(predictions) if p.reasons)
+    quiet = next(p for p in predictions if p.reasons is None)
+    for p in (alerting, quiet):
+        result = CliRunner().invoke(
+            app,
+            [
+                "explain",
+                "--config",
+                str(tmp_path / "edge.yaml"),
+                "--machine",
+                p.machine_id,
+                "--at",
+                p.window_end.isoformat(),
+                "--store",
+                str(store),
+                "--json",
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        answer = json.loads(result.output)
+        assert abs(max(answer["risk"].values()) - p.max_risk) < 0.01  # int8: batch-mates move a risk by ~1e-3
+        assert answer["window_end"] == p.window_end.isoformat()
+        [stored] = answer["stored"]
+        assert (stored["edge_id"], stored["seq"]) == (p.edge_id, p.seq)
+        sent = None if p.reasons is None else [r.model_dump(mode="json", exclude_none=True) for r in p.reasons]
+        assert stored["reasons"] == sent
+        if p is alerting:
+            assert answer["reasons"] and answer["reasons"][0]["name"] == p.reasons[0].name  # type: ignore[index]
+
+    text = CliRunner().invoke(
+        app,
+        [
+            "explain",
+            "--config",
+            str(tmp_path / "edge.yaml"),
+            "--machine",
+            alerting.machine_id,
+            "--at",
+            alerting.window_end.isoformat(),
+        ],
+    )
+    assert text.exit_code == 0 and alerting.reasons is not None and alerting.reasons[0].text in text.output
+    off_grid = CliRunner().invoke(
+        app,
+        [
+            "explain",
+            "--config",
+            str(tmp_path / "edge.yaml"),
+            "--machine",
+            alerting.machine_id,
+            "--at",
+            (alerting.window_end + timedelta(minutes=7)).isoformat(),
+        ],
+    )
+    assert off_grid.exit_code == 2 and "multiples of 3600 s" in off_grid.output
+    unknown = CliRunner().invoke(app, ["explain", "--config", str(tmp_path / "edge.yaml"), "--machine", "m-999"])
+    assert unknown.exit_code == 2 and "no readings of machine 'm-999'" in unknown.output
