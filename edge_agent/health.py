@@ -41,6 +41,8 @@ class AgentCollector(Collector):
             ("summaries", "telemetry summaries committed to the outbox"),
             ("commits", "outbox transactions"),
             ("scoring_errors", "windows the model failed to score"),
+            ("explained", "alerting windows explained (their predictions carry reasons)"),
+            ("explain_errors", "alerting windows whose explanation failed (sent without reasons)"),
             ("late_readings", "readings dropped as late (their window was already scored)"),
             ("repeated_readings", "readings dropped as repeats of one already held"),
             ("sent", "messages Kafka acknowledged"),

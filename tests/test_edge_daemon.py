@@ -87,6 +87,7 @@ def test_healthz_and_metrics_report_what_the_agent_does(tmp_path: Path) -> None:
         stats = daemon.agent.stats
         assert metrics[("precursor_edge_readings_total", ())] == readings
         assert metrics[("precursor_edge_predictions_total", ())] == stats.predictions > 0
+        assert metrics[("precursor_edge_explained_total", ())] == 0  # the baseline has no explanation
         assert metrics[("precursor_edge_quarantined_total", (("kind", "wrong_type"),))] == 1
         assert metrics[("precursor_edge_outbox_depth", ())] == daemon.outbox.depth
         assert metrics[("precursor_edge_kafka_reachable", ())] == 0
