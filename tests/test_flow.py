@@ -6,6 +6,7 @@ pipeline, and once it has caught up none is marked."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +29,15 @@ from edge_agent.identity import EdgeIdentity, enroll
 from infra.energy import CostMeter, EnergySettings, Rapl
 from infra.kafka_admin import TopicBacklog
 from pipelines.edge_trust import HeartbeatJudge
-from pipelines.flow import EdgeFigures, FlowReport, FlowSettings, Observations, assess, flow_report
+from pipelines.flow import (
+    EdgeFigures,
+    FlowReport,
+    FlowSettings,
+    Observations,
+    assess,
+    flow_report,
+    newest_training,
+)
 from pipelines.run import run_once
 from precursor.cli import app as cli
 from tests.fixtures_api import TOKEN, serving
@@ -186,6 +195,22 @@ def test_cost_per_thousand_predictions_names_its_energy_basis() -> None:
     assert costs["edge agent"].energy_source == "rapl" and costs["edge agent"].energy_j_per_1000 == 150
     assert costs["pipeline ingest"].cpu_s_per_1000 == pytest.approx(3.0)  # 6 CPU-s over 2000
     assert "5 W per busy core" in report.energy_model
+
+
+def test_retraining_cost_comes_from_the_newest_registered_version(tmp_path: Path) -> None:
+    windows = {"ok": 900, "failure": 100}
+    for version, cpu_s, written in (("2", 40.0, 2_000_000_000), ("1", 80.0, 1_000_000_000)):
+        meta = tmp_path / "precursor-lm" / version / "precursor.json"
+        meta.parent.mkdir(parents=True)
+        training = {"cpu_s": cpu_s, "seconds": 60.0}
+        meta.write_text(json.dumps({"training": training, "data": {"training_windows": windows}}))
+        os.utime(meta, (written, written))  # the newest is the one written last
+    observed = seen([], 0, [])
+    observed.retraining = newest_training(tmp_path)
+    assert observed.retraining is not None and observed.retraining.version == "2"
+    (row,) = [c for c in assess(observed, RULE).costs if c.part == "retraining"]
+    assert (row.cpu_s_per_1000, row.per, row.predictions) == (40.0, "training windows", 1000)
+    assert newest_training(tmp_path / "empty") is None
 
 
 # -- end to end: a stopped pipeline ----------------------------------------------------------------------------------
