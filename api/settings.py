@@ -24,7 +24,7 @@ from typing import Annotated
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contracts.settings import PrecursorSettings
+from contracts.settings import PrecursorSettings, StoreLocation
 from store.queries import DEFAULT_THRESHOLD
 
 MIN_TOKEN_CHARS = 16
@@ -41,7 +41,9 @@ class ApiSettings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 8700
-    store: Path | None = Field(None, description="prediction store file; default <state_dir>/store/predictions.duckdb")
+    store: StoreLocation | None = Field(
+        None, description="prediction store file or postgresql:// URL; default <state_dir>/store/predictions.duckdb"
+    )
     tokens: SecretStr | None = Field(None, description="comma-separated bearer tokens that may read")
     token_file: Path | None = Field(None, description="file with one bearer token a line")
     risk_threshold: Annotated[float, Field(ge=0, le=1)] = DEFAULT_THRESHOLD
@@ -67,7 +69,7 @@ class ApiSettings(BaseSettings):
         return tokens
 
     @property
-    def store_path(self) -> Path:
+    def store_path(self) -> Path | str:
         return self.store or PrecursorSettings().store_path
 
     def token_values(self) -> list[bytes]:

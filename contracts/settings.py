@@ -17,9 +17,9 @@ False
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import BeforeValidator, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.topics import Topics
@@ -97,14 +97,31 @@ class KafkaSettings(BaseSettings):
         return kwargs
 
 
+def _store_location(value: object) -> object:
+    """A PostgreSQL URL stays a string (a Path would fold its ``//``); anything else is a file path."""
+    if isinstance(value, str) and value.startswith(("postgresql://", "postgres://")):
+        return value
+    return Path(value) if isinstance(value, str) else value
+
+
+StoreLocation = Annotated[Path | str, BeforeValidator(_store_location)]
+"""The prediction store: a DuckDB file, or a PostgreSQL database as ``postgresql://user@host:port/db`` (its password
+from ``PGPASSWORD`` or a ``PGPASSFILE``, which libpq reads, never from a file of ours)."""
+
+
 class PrecursorSettings(BaseSettings):
     """Where a deployment keeps its local state. ``PRECURSOR_STATE_DIR`` moves all of it at once."""
 
     model_config = SettingsConfigDict(env_prefix="PRECURSOR_", extra="ignore")
 
     state_dir: Path = Path(".state")
-    store: Path | None = Field(None, description="prediction store file; default <state_dir>/store/predictions.duckdb")
+    store: StoreLocation | None = Field(
+        None, description="prediction store file or postgresql:// URL; default <state_dir>/store/predictions.duckdb"
+    )
+    store_url: StoreLocation | None = Field(
+        None, description="the store on PostgreSQL (postgresql://user@host:port/db); wins over `store`"
+    )
 
     @property
-    def store_path(self) -> Path:
-        return self.store or self.state_dir / "store" / "predictions.duckdb"
+    def store_path(self) -> Path | str:
+        return self.store_url or self.store or self.state_dir / "store" / "predictions.duckdb"

@@ -25,6 +25,9 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from store import postgres
+from store.dialect import StoreLocation, is_postgres, redact
+
 HEARTBEATS_TABLE = """
 -- trust: verified, unsigned or forged (pipelines.edge_trust). It is part of the key, so a forged heartbeat that
 -- reuses an edge's (edge_id, seq) is kept beside the real one and never takes its place.
@@ -245,11 +248,18 @@ def _writer_lock(path: Path) -> threading.RLock:
 
 
 @contextmanager
-def connect(path: str | Path, *, read_only: bool = False, wait_s: float = 10.0) -> Iterator[duckdb.DuckDBPyConnection]:
+def connect(
+    path: StoreLocation, *, read_only: bool = False, wait_s: float = 10.0
+) -> Iterator[duckdb.DuckDBPyConnection]:
     """Open the store, retrying while another process holds its lock, and close it afterwards.
 
-    Writers in one process take turns (see :func:`_writer_lock`); readers do not wait for them.
+    Writers in one process take turns (see :func:`_writer_lock`); readers do not wait for them. A
+    ``postgresql://`` URL opens that database instead (:mod:`store.postgres`; its connection answers the same calls).
     """
+    if is_postgres(path):
+        with postgres.connect(str(path), schema=None if read_only else SCHEMA, wait_s=wait_s) as pg:
+            yield pg  # type: ignore[misc]  # the calls the store makes of a DuckDB connection
+        return
     path = Path(path)
     if read_only and not path.exists():
         raise FileNotFoundError(f"no prediction store at {path}: run `precursor pipeline run` first")
@@ -322,8 +332,15 @@ class PredictionStore:
     Rows come as Arrow tables in the layout of their one writer (:mod:`pipelines.ingest`, :mod:`pipelines.alerts`).
     """
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+    def __init__(self, path: StoreLocation) -> None:
+        self.location: StoreLocation = str(path) if is_postgres(path) else Path(path)
+        self.path = Path(path) if not is_postgres(path) else None
+
+    def __repr__(self) -> str:
+        return f"PredictionStore({redact(self.location)!r})"
+
+    def _exists(self) -> bool:
+        return self.path is None or self.path.exists()
 
     def insert_table(self, table: str, batch: pa.Table, *, replace: bool = False) -> int:
         """Insert an Arrow table whose column names are ``table``'s; returns how many rows were written.
@@ -335,10 +352,14 @@ class PredictionStore:
             raise ValueError(f"table={table!r}: not a store table; one of {sorted(WRITABLE_TABLES)}")
         if batch.num_rows == 0:
             return 0
+        if is_postgres(self.location):
+            with connect(self.location) as pg:
+                after = LATEST_PREDICTIONS_UPSERT if table == "predictions" else None
+                return postgres.insert_table(pg, table, batch, replace=replace, after=after)  # type: ignore[arg-type]
         columns = ", ".join(batch.column_names)
         verb = "INSERT OR REPLACE" if replace else "INSERT"
         conflict = "" if replace else " ON CONFLICT DO NOTHING"
-        with connect(self.path) as con:
+        with connect(self.location) as con:
             con.register("incoming", batch)
             con.execute("BEGIN TRANSACTION")
             written = con.execute(
@@ -352,16 +373,16 @@ class PredictionStore:
 
     def alert_timelines(self) -> dict[str, str]:
         """machine_id -> the alert timeline (JSON) the last pipeline run left for it."""
-        if not self.path.exists():
+        if not self._exists():
             return {}
-        with connect(self.path) as con:
+        with connect(self.location) as con:
             return dict(con.execute("SELECT machine_id, timeline::VARCHAR FROM alert_timelines").fetchall())
 
     def offsets(self, consumer: str, topic: str) -> dict[int, int]:
         """partition -> next offset to read, for one consumer of one topic."""
-        if not self.path.exists():
+        if not self._exists():
             return {}
-        with connect(self.path) as con:
+        with connect(self.location) as con:
             rows = con.execute(
                 "SELECT partition, next_offset FROM consumer_offsets WHERE consumer = ? AND topic = ?",
                 [consumer, topic],
@@ -374,7 +395,7 @@ class PredictionStore:
         rows = [(consumer, o.topic, o.partition, o.next_offset, now) for o in offsets]
         if not rows:
             return
-        with connect(self.path) as con:
+        with connect(self.location) as con:
             con.executemany(
                 "INSERT INTO consumer_offsets VALUES (?, ?, ?, ?, ?) ON CONFLICT (consumer, topic, partition) "
                 "DO UPDATE SET next_offset = greatest(consumer_offsets.next_offset, excluded.next_offset), "

@@ -1,0 +1,164 @@
+"""The prediction store on PostgreSQL, for many writers on many machines (``PRECURSOR_STORE_URL=postgresql://...``).
+
+:class:`PostgresConnection` answers the calls the store makes of a DuckDB connection (``execute``, ``executemany``,
+``fetchone``, ``fetchall``, ``description``), translating each statement once (:mod:`store.dialect`), so the
+schema and every question are the same texts on both. Rows go in by ``COPY`` into a temporary table, then one
+``INSERT ... ON CONFLICT`` by the table's key, in one transaction: a rerun over the same Kafka offsets, or two
+writers with the same rows, store each ``(edge_id, seq)`` once.
+
+The password is never part of what is shown: give it by ``PGPASSWORD`` or a ``PGPASSFILE`` (libpq reads both), or in
+the URL, which every message prints redacted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+from psycopg import errors
+from psycopg.types.string import TextLoader
+
+from store.dialect import POSTGRES_FUNCTIONS, redact, to_postgres
+
+
+class PostgresConnection:
+    """A DuckDB-like face on one psycopg connection (autocommit: ``BEGIN``/``COMMIT`` as the store sends them)."""
+
+    def __init__(self, con: psycopg.Connection[Any]) -> None:
+        self.raw = con
+        self._cur: psycopg.Cursor[Any] | None = None
+
+    def execute(self, sql: str, params: Sequence[Any] | None = None) -> PostgresConnection:
+        translated = to_postgres(sql)
+        cur = self.raw.cursor()
+        bound = translated.bind(params or [])
+        for statement in translated.statements:
+            cur.execute(statement, bound or {}, prepare=False)
+        self._cur = cur
+        return self
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> PostgresConnection:
+        translated = to_postgres(sql)
+        (statement,) = translated.statements
+        cur = self.raw.cursor()
+        cur.executemany(statement, [translated.bind(r) or {} for r in rows])
+        self._cur = cur
+        return self
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        return self._cursor().fetchone()
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self._cursor().fetchall()
+
+    @property
+    def description(self) -> Any:
+        return self._cursor().description
+
+    def cursor(self) -> PostgresConnection:
+        return PostgresConnection(self.raw)
+
+    def interrupt(self) -> None:
+        self.raw.cancel_safe()
+
+    def close(self) -> None:
+        self.raw.close()
+
+    def _cursor(self) -> psycopg.Cursor[Any]:
+        if self._cur is None:
+            raise RuntimeError("no statement has run on this connection")
+        return self._cur
+
+
+_SCHEMA_DONE: set[str] = set()
+_SCHEMA_GUARD = threading.Lock()
+_SCHEMA_LOCK_KEY = 0x5052_4543  # any fixed number: the advisory lock that serialises schema changes
+
+
+@contextmanager
+def connect(url: str, *, schema: str | None, wait_s: float = 10.0) -> Iterator[PostgresConnection]:
+    """A connection in UTC that reads JSON as text (as DuckDB hands it over); with ``schema`` (the store's DDL) the
+    tables are made first, once per process and database."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            raw = psycopg.connect(url, autocommit=True, connect_timeout=max(1, int(wait_s)))
+            break
+        except psycopg.OperationalError as err:
+            if time.monotonic() > deadline:
+                raise ConnectionError(
+                    f"prediction store {redact(url)} is unreachable: {_first_line(err, url)}"
+                ) from None
+            time.sleep(0.2)
+    try:
+        for name in ("json", "jsonb"):
+            raw.adapters.register_loader(name, TextLoader)
+        raw.execute("SET TimeZone = 'UTC'")
+        con = PostgresConnection(raw)
+        if schema is not None and url not in _SCHEMA_DONE:
+            with _SCHEMA_GUARD, raw.transaction():
+                raw.execute("SELECT pg_advisory_xact_lock(%s)", [_SCHEMA_LOCK_KEY])
+                raw.execute(POSTGRES_FUNCTIONS)
+                con.execute(schema)
+                _SCHEMA_DONE.add(url)
+        yield con
+    finally:
+        raw.close()
+
+
+def _first_line(err: BaseException, url: str) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text.replace(url, redact(url))
+
+
+def primary_key(con: PostgresConnection, table: str) -> list[str]:
+    rows = con.raw.execute(
+        "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+        "WHERE i.indrelid = %s::regclass AND i.indisprimary ORDER BY array_position(i.indkey, a.attnum)",
+        [table],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+RETRIES = 5
+
+
+def insert_table(con: PostgresConnection, table: str, batch: pa.Table, *, replace: bool, after: str | None) -> int:
+    """``batch`` into ``table`` by COPY and one keyed INSERT (``after``: a statement over ``incoming`` to run in the
+    same transaction); returns the rows that were new (or replaced). Two writers whose rows meet retry on deadlock."""
+    columns = batch.column_names
+    listed = ", ".join(columns)
+    key = primary_key(con, table)
+    order = ", ".join(key)
+    if replace:
+        updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
+        conflict = f"ON CONFLICT ({order}) DO UPDATE SET {updates}" if updates else "ON CONFLICT DO NOTHING"
+        source = f"SELECT DISTINCT ON ({order}) {listed} FROM incoming ORDER BY {order}"
+    else:
+        conflict = "ON CONFLICT DO NOTHING"
+        # In key order, so two writers take their row locks in one order.
+        source = f"SELECT {listed} FROM incoming ORDER BY {order}"
+    values = [batch.column(c).to_pylist() for c in columns]
+    for attempt in range(RETRIES):
+        try:
+            with con.raw.transaction():
+                con.raw.execute(
+                    f"CREATE TEMP TABLE incoming ON COMMIT DROP AS SELECT {listed} FROM {table} WITH NO DATA"
+                )
+                with con.raw.cursor().copy(f"COPY incoming ({listed}) FROM STDIN") as copy:
+                    for row in zip(*values, strict=True):
+                        copy.write_row(row)
+                written = con.raw.execute(f"INSERT INTO {table} ({listed}) {source} {conflict}").rowcount
+                if after is not None:
+                    con.execute(after)
+            return max(written, 0)
+        except (errors.DeadlockDetected, errors.SerializationFailure):
+            if attempt == RETRIES - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    return 0
