@@ -41,6 +41,10 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import duckdb
+from psycopg import Error as PostgresError
+from psycopg import OperationalError as PostgresTrouble
+from psycopg.errors import QueryCanceled
+from sqlglot.errors import SqlglotError
 
 from contracts.alerting import DEFAULT_THRESHOLD, AlertRule
 from contracts.durations import parse_duration
@@ -48,9 +52,13 @@ from contracts.formats import parse_timestamp
 from contracts.outcomes import ANY_FAILURE
 from contracts.versions import version_key
 from store.db import StoreBusy, connect
+from store.dialect import StoreLocation, is_postgres
 
 ELEVATED_LOOKBACK = timedelta(days=7)
 """How far back "at risk since" looks for the start of a machine's current run of risky windows."""
+
+READ_ONLY_SESSION = {False: "SET enable_external_access = false", True: "SET default_transaction_read_only = on"}
+"""How :func:`reading` closes a session to everything but reading the store, per backend (key: PostgreSQL)."""
 
 MAX_SQL_CHARS = 20_000
 MAX_SQL_ROWS = 10_000
@@ -235,7 +243,10 @@ class StoreReader:
 
     def has_table(self, name: str) -> bool:
         if self._tables is None:
-            found = self.con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()")
+            found = self.con.execute(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_catalog = current_database() AND table_schema = current_schema()"
+            )
             self._tables = {r[0] for r in found.fetchall()}
         return name in self._tables
 
@@ -244,8 +255,8 @@ class StoreReader:
         (read-only here, so never migrated by this reader)."""
         if self._reasons_column is None:
             found = self.con.execute(
-                "SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() "
-                "AND table_name = 'predictions' AND column_name = 'reasons'"
+                "SELECT count(*) FROM information_schema.columns WHERE table_catalog = current_database() "
+                "AND table_schema = current_schema() AND table_name = 'predictions' AND column_name = 'reasons'"
             ).fetchone()
             self._reasons_column = bool(found and found[0])
         return "reasons" if self._reasons_column else "NULL::JSON AS reasons"
@@ -812,8 +823,8 @@ class StoreReader:
         """The heartbeats table, read alike from a store written before heartbeats were judged (until a writer opens
         it and migrates it, its rows read as unsigned)."""
         judged = self.con.execute(
-            "SELECT 1 FROM duckdb_columns() WHERE database_name = current_database() AND table_name = 'heartbeats' "
-            "AND column_name = 'trust'"
+            "SELECT 1 FROM information_schema.columns WHERE table_catalog = current_database() "
+            "AND table_schema = current_schema() AND table_name = 'heartbeats' AND column_name = 'trust'"
         ).fetchone()
         if judged:
             return "heartbeats"
@@ -951,11 +962,11 @@ class StoreReader:
         try:
             cur = self.con.execute(text)
             fetched = _fetch_within(cur, limit + 1, max_bytes)
-        except duckdb.InterruptException:
+        except (duckdb.InterruptException, QueryCanceled):
             raise SqlRejected(f"the query ran longer than the {timeout_s:g} s limit and was stopped") from None
-        except (duckdb.IOException, duckdb.ConnectionException, duckdb.FatalException):
+        except (duckdb.IOException, duckdb.ConnectionException, duckdb.FatalException, PostgresTrouble):
             raise  # the store itself is in trouble, not the statement
-        except duckdb.Error as err:
+        except (duckdb.Error, PostgresError, SqlglotError, ValueError) as err:
             # Parser, binder, catalog, conversion, out-of-range, permission (files, network) and the like: all say
             # what is wrong with the statement, so the caller gets DuckDB's own first line.
             raise SqlRejected(_first_line(err)) from None
@@ -1049,13 +1060,14 @@ def _majority(versions: list[dict[str, Any]]) -> str | None:
 
 
 @contextmanager
-def reading(path: str | Path, *, wait_s: float = 10.0) -> Iterator[StoreReader]:
+def reading(path: StoreLocation, *, wait_s: float = 10.0) -> Iterator[StoreReader]:
     """A read-only view of the store for the length of a ``with`` block (so writers are never shut out for long).
 
     The connection cannot reach files, the network or extensions: raw SQL sees the store's tables and nothing else.
+    On PostgreSQL the session is read-only (and the store's role should be one without file access).
     """
     with connect(path, read_only=True, wait_s=wait_s) as con:
-        con.execute("SET enable_external_access = false")
+        con.execute(READ_ONLY_SESSION[is_postgres(path)])
         yield StoreReader(con)
 
 
@@ -1068,7 +1080,8 @@ class StoreAttacher:
     question is being answered. Not for raw SQL: this instance can reach files; use :func:`reading` for that.
     """
 
-    def __init__(self, path: str | Path, *, wait_s: float = 10.0) -> None:
+    def __init__(self, path: StoreLocation, *, wait_s: float = 10.0) -> None:
+        self.location = path
         self.path = Path(path)
         self.wait_s = wait_s
         self._base: duckdb.DuckDBPyConnection | None = None
@@ -1084,6 +1097,10 @@ class StoreAttacher:
 
     @contextmanager
     def reading(self) -> Iterator[StoreReader]:
+        if is_postgres(self.location):  # a server answers many readers itself: a connection per question
+            with reading(self.location, wait_s=self.wait_s) as store:
+                yield store
+            return
         if not self.path.exists():
             raise FileNotFoundError(f"no prediction store at {self.path}: run `precursor pipeline run` first")
         alias = f"store_{uuid4().hex[:16]}"

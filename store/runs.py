@@ -116,8 +116,8 @@ def latest_edge_flows(store: StoreReader, since: datetime) -> list[dict[str, Any
     if not store.has_table("heartbeats"):
         return []
     has_flow = store.con.execute(
-        "SELECT 1 FROM duckdb_columns() WHERE database_name = current_database() AND table_name = 'heartbeats' "
-        "AND column_name = 'flow'"
+        "SELECT 1 FROM information_schema.columns WHERE table_catalog = current_database() "
+        "AND table_schema = current_schema() AND table_name = 'heartbeats' AND column_name = 'flow'"
     ).fetchone()
     if not has_flow:
         return []
