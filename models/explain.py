@@ -41,16 +41,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Annotated
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.messages import MAX_REASONS, Reason, ReasonDetail
-from models.features import window_context
+from models.features import WindowContext, window_context
 from models.runtime import LMScorer
 from models.scoring import Risk, Window
-from models.tokenizer import AGE_EDGES_H, TREND, TelemetryTokenizer
+from models.tokenizer import AGE_EDGES_H, TREND, TelemetryTokenizer, TokenizerSettings
 
 REMOVE = -1
 """A replacement that takes the token out (see the module's docstring for when)."""
@@ -100,6 +101,20 @@ class _Group:
             return [self.hidden]
         n = max(len(new) for _, new in self.tokens)
         return [[(pos, new[min(k, len(new) - 1)]) for pos, new in self.tokens] for k in range(n)]
+
+
+class _Context:
+    """A window's events in hours before its end (:func:`models.features.window_context`), worked out the first
+    time a reason about an event needs them, once per window."""
+
+    def __init__(self, window: Window, settings: TokenizerSettings) -> None:
+        self._window = window
+        self._settings = settings
+
+    @cached_property
+    def value(self) -> WindowContext:
+        s = self._settings
+        return window_context(self._window, window_h=s.window_h, blocks=s.blocks, event_lookback_h=s.event_lookback_h)
 
 
 @dataclass
@@ -178,29 +193,40 @@ class OcclusionExplainer:
         if not windows:
             return []
         parsed = self._parse(windows, risks)
-        variants = [[g.variants() for g in p.groups] for p in parsed]
-        first = self._score([(p, [v for group in vs for v in group]) for p, vs in zip(parsed, variants, strict=True)])
-        ranked: list[list[tuple[_Group, float]]] = []
-        stage_two: list[tuple[_Parsed, list[list[tuple[int, int]]], list[tuple[str, str | int]]]] = []
-        for p, vs, (base, occluded) in zip(parsed, variants, first, strict=True):
-            drops: list[tuple[_Group, float]] = []
-            at = 0
-            for g, group in zip(p.groups, vs, strict=True):
-                drops.append((g, base - max(occluded[at : at + len(group)])))  # the smallest drop of its variants
-                at += len(group)
-            drops.sort(key=lambda pair: -pair[1])
-            floor = _probability(_log_odds(base) - self.settings.min_log_odds_drop)
-            kept = [(g, d) for g, d in drops if base - d <= floor][: self.settings.max_reasons]
-            ranked.append(kept)
-            top_sensor = next((g.sensor for g, _ in kept if g.sensor is not None), None)
-            stage_two.append((p, *self._detail_variants(p, top_sensor)))
-        second = self._score([(p, edits) for p, edits, _ in stage_two])
+        limit = self.settings.max_reasons
+        # Stage one: every group's first variant.
+        first = self._score([(p, [g.variants()[0] for g in p.groups], True) for p in parsed])
+        plans: list[tuple[dict[int, float], float, list[_Group], list[tuple[str, str | int]]]] = []
+        jobs: list[tuple[_Parsed, list[list[tuple[int, int]]], bool]] = []
+        for p, (base, occluded) in zip(parsed, first, strict=True):
+            drops = {id(g): base - r for g, r in zip(p.groups, occluded, strict=True)}
+            floor = self._floor(base)
+            ranked = sorted(p.groups, key=lambda g: -drops[id(g)])
+            # A group's second reference can only lower its drop: only the leading candidates need one.
+            seconds = [g for g in ranked[: limit + 2] if len(g.variants()) > 1 and base - drops[id(g)] <= floor]
+            top = next((g.sensor for g in ranked if g.sensor is not None and base - drops[id(g)] <= floor), None)
+            detail_edits, labels = self._detail_variants(p, top)
+            plans.append((drops, base, seconds, labels))
+            jobs.append((p, [*(g.variants()[1] for g in seconds), *detail_edits], bool(seconds)))
+        # Stage two: those second references, and the top sensor's statistics and blocks.
+        second = self._score(jobs)
         out = []
-        for p, kept, (_, _, labels), (base, occluded) in zip(parsed, ranked, stage_two, second, strict=True):
-            detail = dict(zip(labels, (base - r for r in occluded), strict=True))
-            top_sensor = next((g.sensor for g, _ in kept if g.sensor is not None), None)
-            out.append([self._reason(p, g, d, detail if g.sensor == top_sensor else {}) for g, d in kept])
+        for p, (drops, base, seconds, labels), (base_two, occluded) in zip(parsed, plans, second, strict=True):
+            for g, r in zip(seconds, occluded[: len(seconds)], strict=True):
+                drops[id(g)] = min(drops[id(g)], base_two - r)  # each drop against the base of its own batch
+            # Statistics and blocks are only ranked against each other: the lower the risk without one, the more
+            # it mattered.
+            detail = {label: -r for label, r in zip(labels, occluded[len(seconds) :], strict=True)}
+            floor = self._floor(base)
+            kept = sorted((g for g in p.groups if base - drops[id(g)] <= floor), key=lambda g: -drops[id(g)])[:limit]
+            top = next((g.sensor for g in kept if g.sensor is not None), None)
+            context = _Context(p.window, self.tokenizer.settings)
+            out.append([self._reason(p, g, drops[id(g)], detail if g.sensor == top else {}, context) for g in kept])
         return out
+
+    def _floor(self, base: float) -> float:
+        """The risk a variant must fall to for its group to be a reason: ``min_log_odds_drop`` below ``base``."""
+        return _probability(_log_odds(base) - self.settings.min_log_odds_drop)
 
     def _parse(self, windows: Sequence[Window], risks: Sequence[Risk]) -> list[_Parsed]:
         tokenizer = self.tokenizer
@@ -275,39 +301,38 @@ class OcclusionExplainer:
             labels.append(("block", b))
         return edits, labels
 
-    def _score(self, jobs: list[tuple[_Parsed, list[list[tuple[int, int]]]]]) -> list[tuple[float, list[float]]]:
-        """One batch: each job's unoccluded sequence and its variants; returns per job (base risk, variant risks)
-        of the job's kind."""
+    def _score(self, jobs: list[tuple[_Parsed, list[list[tuple[int, int]]], bool]]) -> list[tuple[float, list[float]]]:
+        """One batch: each job's variants, after its unoccluded sequence where the job asks for it; returns per job
+        (base risk or NaN, variant risks) of the job's kind."""
         sequences: list[np.ndarray] = []
         values: list[np.ndarray] = []
-        for p, variants in jobs:
-            for edits in [[], *variants]:
+        for p, variants, with_base in jobs:
+            for edits in [[]] * with_base + variants:
                 ids, vals = _apply(p.ids, p.values, edits)
                 sequences.append(ids)
                 if vals is not None:
                     values.append(vals)
+        if not sequences:
+            return [(math.nan, []) for _ in jobs]
         risks = self.scorer.score_token_ids(
             [s.tolist() for s in sequences], values if self.scorer.takes_values else None, batch_size=len(sequences)
         )
         out, at = [], 0
-        for p, variants in jobs:
-            got = [r.get(p.kind, r.get("failure", 0.0)) for r in risks[at : at + 1 + len(variants)]]
-            out.append((got[0], got[1:]))
-            at += 1 + len(variants)
+        for p, variants, with_base in jobs:
+            got = [r.get(p.kind, r.get("failure", 0.0)) for r in risks[at : at + with_base + len(variants)]]
+            out.append((got[0], got[1:]) if with_base else (math.nan, got))
+            at += with_base + len(variants)
         return out
 
     # --- words ----------------------------------------------------------------------------------------------------
 
-    def _reason(self, p: _Parsed, group: _Group, drop: float, detail: dict[tuple[str, str | int], float]) -> Reason:
+    def _reason(
+        self, p: _Parsed, group: _Group, drop: float, detail: dict[tuple[str, str | int], float], events: _Context
+    ) -> Reason:
         drop = round(float(np.clip(drop, -1.0, 1.0)), 4)
         if group.kind == "sensor":
             return self._sensor_reason(p, group, drop, detail)
-        context = window_context(
-            p.window,
-            window_h=self._window_h,
-            blocks=self._blocks,
-            event_lookback_h=self.tokenizer.settings.event_lookback_h,
-        )
+        context = events.value
         name = group.name
         if group.kind == "context":
             value = p.window.attributes.get(name)
