@@ -25,10 +25,12 @@ would move the risk for reasons of its own:
 Cost is bounded. Only the windows a caller asks about are explained (the edge: those at or above the alert
 threshold). Stage one scores one variant per group: each sensor with a reading (at most ``max_sensors``, those whose
 bins lie furthest from the middle first), each error code, part and attribute the window names, and its last
-failure. Stage two scores, for the sensor that moved the risk most, one variant per statistic (all blocks at once)
-and one per block (all statistics at once): the statistic that matters and the block where it matters, so the reason
-can say "vibration_rms spread high over the last 6 h". Grouping first keeps the variants few (sensors and groups, then
-statistics and blocks, rather than every token), and a sensor's tokens tell their story together where one token
+failure. Stage two scores the second reference of the leading candidates (a second reference can only lower a
+drop, so the others cannot climb into the reasons by it) and, for the sensor that moved the risk most, one variant
+per statistic (all blocks at once) and one per block (all statistics at once): the statistic that matters and the
+block where it matters, so the reason can say "vibration_rms spread high over the last 6 h". Grouping first keeps
+the variants few (sensors and groups, then statistics and blocks, rather than every token: 29 sequences per window
+on the simulator's fleet of 7 sensors and 5 parts), and a sensor's tokens tell their story together where one token
 alone may be redundant with its neighbours.
 
 Each stage is one inference batch over every window explained together, each window's unoccluded sequence in the
