@@ -7,7 +7,7 @@ A run that found nothing new leaves no row; rows older than :data:`KEEP` are del
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,9 @@ class PipelineRun:
     counters: dict[str, int] = field(default_factory=dict)
 
 
+_RUN_COLUMNS = ", ".join(f.name for f in fields(PipelineRun) if f.name != "counters")
+
+
 def record_pipeline_run(path: str | Path, run: PipelineRun) -> None:
     """Keep ``run`` (and forget runs older than :data:`KEEP`)."""
     row = asdict(run)
@@ -88,7 +91,7 @@ def runs_since(store: StoreReader, since: datetime, consumer: str) -> list[dict[
     if not store.has_table("pipeline_runs"):
         return []
     return store.rows(
-        "SELECT * EXCLUDE (counters), counters::VARCHAR AS counters FROM pipeline_runs "
+        f"SELECT {_RUN_COLUMNS}, counters::VARCHAR AS counters FROM pipeline_runs "
         "WHERE consumer = ? AND finished_at >= ? ORDER BY finished_at",
         [consumer, since],
     )
@@ -99,7 +102,7 @@ def last_run(store: StoreReader, consumer: str) -> dict[str, Any] | None:
     if not store.has_table("pipeline_runs"):
         return None
     rows = store.rows(
-        "SELECT * EXCLUDE (counters), counters::VARCHAR AS counters FROM pipeline_runs WHERE consumer = ? "
+        f"SELECT {_RUN_COLUMNS}, counters::VARCHAR AS counters FROM pipeline_runs WHERE consumer = ? "
         "ORDER BY finished_at DESC LIMIT 1",
         [consumer],
     )

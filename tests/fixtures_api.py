@@ -43,7 +43,7 @@ ALERT_RULE = AlertRule()
 
 @dataclass(frozen=True)
 class SimulatedStore:
-    path: Path
+    path: Path | str
     machines: list[str]
     predictions: list[Prediction]
     events: list[EdgeEvent]
@@ -176,7 +176,7 @@ def simulated_fleet_messages(
     return data, predictions, events, rollout_at
 
 
-def pipeline_alerts(path: Path, predictions: list[Prediction]) -> list[dict]:
+def pipeline_alerts(path: Path | str, predictions: list[Prediction]) -> list[dict]:
     """The alerts the pipeline raises and clears for these predictions (:func:`pipelines.alerts.advance` under
     :data:`ALERT_RULE`, each machine's predictions in window order), stored by its own writer."""
     writer = WriteAlertState(str(path))
@@ -257,7 +257,7 @@ def telemetry_summaries(data, edge_of: dict[str, str]) -> list[TelemetrySummary]
 
 
 def fill_store(
-    path: Path,
+    path: Path | str,
     *,
     machines: int = 10,
     days: float = 6.0,

@@ -7,6 +7,7 @@ and it is the one the pipeline writes.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,12 +17,13 @@ from contracts.settings import KafkaSettings
 from pipelines.edge_trust import HeartbeatJudge
 from pipelines.ingest import IngestEvents, IngestHeartbeats, IngestPredictions, IngestTelemetrySummaries
 from store import PredictionStore
+from store.queries import reading
 
 INGESTS = (IngestPredictions, IngestEvents, IngestHeartbeats, IngestTelemetrySummaries)
 
 
 def store_messages(
-    path: Path, messages: Iterable[EdgeMessage], *, judge: HeartbeatJudge | None = None, first_offset: int = 0
+    path: Path | str, messages: Iterable[EdgeMessage], *, judge: HeartbeatJudge | None = None, first_offset: int = 0
 ) -> int:
     """Write predictions, events, heartbeats and telemetry summaries (in any mix) as ingest would; returns the rows
     that were new. Heartbeats are judged by ``judge`` (none: an unsigned one reads as unsigned); the records'
@@ -49,3 +51,13 @@ def store_messages(
         ]
         written += store.insert_table(ingest.table, ingest.to_batch(rows, datetime.now(UTC)))
     return written
+
+
+def store_digest(location: Path | str) -> str:
+    """What a write would change: a DuckDB file's bytes; a PostgreSQL store's tables and their row counts."""
+    if isinstance(location, Path):
+        return hashlib.sha256(location.read_bytes()).hexdigest()
+    with reading(location) as store:
+        tables = sorted(r["t"] for r in store.rows("SELECT table_name AS t FROM information_schema.tables"))
+        counts = {t: store.rows(f"SELECT count(*) AS n FROM {t}")[0]["n"] for t in tables if store.has_table(t)}
+    return f"{tables}{counts}"

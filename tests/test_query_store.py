@@ -3,11 +3,10 @@ that went into it."""
 
 from __future__ import annotations
 
-import hashlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import duckdb
 import pyarrow as pa
 import pytest
 
@@ -20,19 +19,25 @@ from store.queries import (
     reading,
 )
 from tests.fixtures_api import NEW_VERSION, OLD_VERSION, SimulatedStore, fill_store
+from tests.fixtures_store import store_digest
+
+if TYPE_CHECKING:
+    from tests.fixtures_postgres import NewStore
+
+pytest_plugins = ["tests.fixtures_postgres"]
 
 THRESHOLD = 0.7
 
 
 @pytest.fixture(scope="module")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> SimulatedStore:
-    return fill_store(tmp_path_factory.mktemp("store") / "store.duckdb")
+def sim(new_store: NewStore) -> SimulatedStore:
+    return fill_store(new_store("store"))
 
 
 @pytest.fixture(scope="module")
-def sim_without_latest(tmp_path_factory: pytest.TempPathFactory) -> SimulatedStore:
+def sim_without_latest(new_store: NewStore) -> SimulatedStore:
     """The same fleet, but the writer has not kept latest_predictions: answers must not change."""
-    return fill_store(tmp_path_factory.mktemp("store") / "store.duckdb", with_latest=False)
+    return fill_store(new_store("store"), with_latest=False)
 
 
 def expected_at_risk(sim: SimulatedStore) -> list[tuple[str, float]]:
@@ -56,7 +61,7 @@ def expected_since(sim: SimulatedStore, machine_id: str) -> datetime | None:
 
 @pytest.mark.parametrize("fixture", ["sim", "sim_without_latest"])
 def test_at_risk_is_each_machines_latest_prediction_riskiest_first(
-    fixture: str, request: pytest.FixtureRequest
+    fixture: str, store_backend: str, request: pytest.FixtureRequest
 ) -> None:
     sim: SimulatedStore = request.getfixturevalue(fixture)
     with reading(sim.path) as store:
@@ -213,10 +218,10 @@ def test_telemetry_summaries_come_back_per_sensor(sim: SimulatedStore) -> None:
     ]
 
 
-def test_a_young_store_without_the_newer_tables_answers_with_empty_lists(tmp_path: Path) -> None:
-    path = tmp_path / "old.duckdb"
+def test_a_young_store_without_the_newer_tables_answers_with_empty_lists(new_store: NewStore) -> None:
+    path = new_store("old")
     sim = fill_store(path, machines=3, days=2, with_alerts=False, with_latest=False)
-    with duckdb.connect(str(path)) as con:
+    with connect(path) as con:
         for table in ("alerts", "heartbeats", "telemetry_summaries", "latest_predictions", "model_metrics"):
             con.execute(f"DROP TABLE IF EXISTS {table}")
     with reading(path) as store:
@@ -229,8 +234,8 @@ def test_a_young_store_without_the_newer_tables_answers_with_empty_lists(tmp_pat
         assert store.at_risk(limit=10).total == 3
 
 
-def test_an_empty_store_answers_with_empty_lists(tmp_path: Path) -> None:
-    path = tmp_path / "empty.duckdb"
+def test_an_empty_store_answers_with_empty_lists(new_store: NewStore) -> None:
+    path = new_store("empty")
     with connect(path):  # a writer's first connection creates the schema
         pass
     with reading(path) as store:
@@ -238,10 +243,6 @@ def test_an_empty_store_answers_with_empty_lists(tmp_path: Path) -> None:
         assert store.fleet_summary()["machines"] == 0
         assert store.rollout() == [] and store.quality() == [] and store.failures().rows == []
         assert store.machine_summary("m-1") is None and not store.machine_exists("m-1")
-
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.mark.parametrize(
@@ -263,18 +264,18 @@ def _digest(path: Path) -> str:
     ],
 )
 def test_sql_that_is_not_a_single_select_is_refused_and_nothing_changes(sim: SimulatedStore, statement: str) -> None:
-    before = _digest(sim.path)
+    before = store_digest(sim.path)
     with reading(sim.path) as store, pytest.raises(SqlRejected) as err:
         store.sql(statement)
     assert str(err.value)
-    assert _digest(sim.path) == before
+    assert store_digest(sim.path) == before
 
 
 def test_sql_cannot_reach_files_or_run_forever(sim: SimulatedStore, tmp_path: Path) -> None:
     secret = tmp_path / "secret.csv"
     secret.write_text("a\n1\n")
     with reading(sim.path) as store:
-        with pytest.raises(SqlRejected, match=r"disabled|Permission"):
+        with pytest.raises(SqlRejected, match=r"disabled|Permission|does not exist"):
             store.sql(f"SELECT * FROM read_csv('{secret}')")
         with pytest.raises(SqlRejected, match="limit and was stopped"):
             store.sql("SELECT count(*) FROM range(100000000) a, range(100000000) b", timeout_s=0.3)
@@ -310,8 +311,8 @@ def test_a_range_that_ends_before_it_starts_is_refused() -> None:
         check_range(datetime(2026, 2, 1, tzinfo=UTC), datetime(2026, 1, 1, tzinfo=UTC))
 
 
-def test_quality_prefers_the_monitoring_pipelines_metrics_where_it_wrote_some(tmp_path: Path) -> None:
-    path = tmp_path / "monitored.duckdb"
+def test_quality_prefers_the_monitoring_pipelines_metrics_where_it_wrote_some(new_store: NewStore) -> None:
+    path = new_store("monitored")
     fill_store(path, machines=3, days=2)
     now = datetime.now(UTC)
     rows = [
