@@ -330,7 +330,11 @@ def query_alerts(
         ),
         store,
     )
-    _print(page.rows, _format(fmt, as_json), f"Alerts ({len(page.rows)} of {page.total})")
+    out = _format(fmt, as_json)
+    rows = page.rows
+    if out is OutputFormat.table:  # the reasons in words, as the machine page says them
+        rows = [r | {"reasons": "; ".join(x["text"] for x in r["reasons"] or [])} for r in rows]
+    _print(rows, out, f"Alerts ({len(page.rows)} of {page.total})")
 
 
 @query_app.command("versions")

@@ -3,6 +3,7 @@ alert it decided, and a store written before predictions carried them still answ
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from api.app import create_app
 from api.settings import ApiSettings
 from contracts.settings import KafkaSettings
 from tests.fixtures_api import TOKEN, SimulatedStore, fill_store
+from tests.test_query_cli import run
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 NO_BROKER = KafkaSettings(bootstrap_servers="127.0.0.1:9")
@@ -88,3 +90,12 @@ def test_a_store_from_before_reasons_answers_without_them(sim: SimulatedStore, t
         machine = sim.predictions[0].machine_id
         assert all(row["reasons"] is None for row in get(c, f"/machines/{machine}/predictions")["items"])  # type: ignore[index]
         assert all(a["reasons"] is None for a in get(c, "/alerts")["items"])  # type: ignore[index]
+
+
+def test_the_alerts_table_says_the_reasons_in_words(sim: SimulatedStore) -> None:
+    code, table, _ = run(sim, "alerts", "--state", "raised", "-n", "1000")
+    assert code == 0
+    explained = [p for p in sim.predictions if p.reasons]
+    assert any(p.reasons[0].text in table for p in explained)  # type: ignore[index]
+    code, out, _ = run(sim, "alerts", "--state", "raised", "-n", "1000", "--json")
+    assert code == 0 and any(a["reasons"] and a["reasons"][0]["kind"] == "sensor" for a in json.loads(out))
