@@ -258,6 +258,8 @@ def connect(
     """
     if is_postgres(path):
         with postgres.connect(str(path), schema=None if read_only else SCHEMA, wait_s=wait_s) as pg:
+            if read_only and pg.execute("SELECT to_regclass('predictions')").fetchone() == (None,):
+                raise FileNotFoundError(f"no prediction store in {redact(path)}: run `precursor pipeline run` first")
             yield pg  # type: ignore[misc]  # the calls the store makes of a DuckDB connection
         return
     path = Path(path)
