@@ -26,6 +26,7 @@ from precursor.query_cli import query_app
 from precursor.serve_cli import serve_command
 from precursor.simulate_cli import simulate_command
 from precursor.status_cli import status_command
+from precursor.store_cli import store_app
 
 app = typer.Typer(
     help="Precursor: predict machine failures at the edge, learn from what really happened.",
@@ -40,6 +41,7 @@ app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(query_app, name="query")
 app.add_typer(flows_app, name="flows")
 app.add_typer(objects_app, name="objects")
+app.add_typer(store_app, name="store")
 app.command("simulate")(simulate_command)
 app.command("keys")(keys_command)
 app.command("train")(train_command)

@@ -14,7 +14,12 @@ from contracts.settings import PrecursorSettings
 from precursor.output import OutputFormat
 
 StoreOption = Annotated[
-    Path | None, typer.Option("--store", help="prediction store file [default: <state>/store/predictions.duckdb]")
+    str | None,
+    typer.Option(
+        "--store",
+        help="prediction store file or postgresql:// URL [default: PRECURSOR_STORE_URL, else "
+        "<state>/store/predictions.duckdb]",
+    ),
 ]
 FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="table, json or csv")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="same as --format json")]
@@ -30,8 +35,12 @@ def fail(message: object, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
-def store_path(store: Path | None) -> Path:
-    return store or PrecursorSettings().store_path
+def store_path(store: str | Path | None) -> Path | str:
+    """The store a command reads or writes: ``--store`` (a file, or a PostgreSQL URL kept as it is), else the
+    settings'."""
+    if store is None:
+        return PrecursorSettings().store_path
+    return PrecursorSettings(store=store, store_url=None).store_path
 
 
 def since_time(since: str | None) -> datetime | None:

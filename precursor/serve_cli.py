@@ -66,7 +66,10 @@ def serve_command(
         app = create_app(settings, KafkaSettings())
     except (ValidationError, ValueError) as err:
         raise fail(str(err)) from None
+    from store.dialect import redact
+
     typer.echo(
-        f"dashboard: http://{settings.host}:{settings.port}/dashboard/  API: /api/v1  store: {settings.store_path}"
+        f"dashboard: http://{settings.host}:{settings.port}/dashboard/  API: /api/v1  "
+        f"store: {redact(settings.store_path)}"
     )
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, proxy_headers=False)
