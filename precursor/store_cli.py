@@ -52,7 +52,7 @@ def up(
         url = chosen.up(port=port, report=typer.echo)
     except (PostgresServerError, MissingToolError) as err:
         raise fail(err, 1) from None
-    os.environ.setdefault("PGPASSFILE", str(chosen.pgpass))
+    os.environ["PGPASSFILE"] = str(chosen.pgpass)  # this server's password, for the connection below
     with connect(url):  # a writer's first connection makes the tables: readers find a store at once
         pass
     typer.echo("use it as the prediction store with:")
