@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 import pytest
@@ -14,16 +15,22 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.settings import ApiSettings
 from contracts.settings import KafkaSettings
+from store import connect
 from tests.fixtures_api import TOKEN, SimulatedStore, fill_store
 from tests.test_query_cli import run
+
+if TYPE_CHECKING:
+    from tests.fixtures_postgres import NewStore
+
+pytest_plugins = ["tests.fixtures_postgres"]
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 NO_BROKER = KafkaSettings(bootstrap_servers="127.0.0.1:9")
 
 
 @pytest.fixture(scope="module")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> SimulatedStore:
-    return fill_store(tmp_path_factory.mktemp("reasons") / "store.duckdb", machines=6, days=4.0)
+def sim(new_store: NewStore) -> SimulatedStore:
+    return fill_store(new_store("reasons"), machines=6, days=4.0)
 
 
 @pytest.fixture(scope="module")
@@ -78,14 +85,22 @@ def test_the_latest_prediction_of_a_machine_shows_its_reasons(client: TestClient
         assert get(client, f"/machines/{machine}")["latest"]["reasons"] == sent(p.reasons)  # type: ignore[index]
 
 
-def test_a_store_from_before_reasons_answers_without_them(sim: SimulatedStore, tmp_path: Path) -> None:
-    old = tmp_path / "old.duckdb"
-    con = duckdb.connect(str(old))  # not through the store's connect(), which would add the column
-    con.execute(f"ATTACH '{sim.path}' AS new (READ_ONLY)")
-    con.execute("CREATE TABLE predictions AS SELECT * EXCLUDE (reasons) FROM new.predictions")
-    con.execute("CREATE TABLE alerts AS SELECT * FROM new.alerts")
-    con.execute("CREATE TABLE events AS SELECT * FROM new.events")
-    con.close()
+def test_a_store_from_before_reasons_answers_without_them(
+    sim: SimulatedStore, new_store: NewStore, tmp_path: Path
+) -> None:
+    if isinstance(sim.path, Path):
+        old: Path | str = tmp_path / "old.duckdb"
+        con = duckdb.connect(str(old))  # not through the store's connect(), which would add the column
+        con.execute(f"ATTACH '{sim.path}' AS new (READ_ONLY)")
+        con.execute("CREATE TABLE predictions AS SELECT * EXCLUDE (reasons) FROM new.predictions")
+        con.execute("CREATE TABLE alerts AS SELECT * FROM new.alerts")
+        con.execute("CREATE TABLE events AS SELECT * FROM new.events")
+        con.close()
+    else:
+        old = new_store("old")
+        sim = fill_store(old, machines=2, days=2.0)
+        with connect(old) as pg:  # this process made its tables already: the column is not added back
+            pg.execute("ALTER TABLE predictions DROP COLUMN reasons")
     with TestClient(create_app(ApiSettings(tokens=TOKEN, store=old), NO_BROKER)) as c:
         machine = sim.predictions[0].machine_id
         assert all(row["reasons"] is None for row in get(c, f"/machines/{machine}/predictions")["items"])  # type: ignore[index]

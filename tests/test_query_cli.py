@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from typer.testing import CliRunner
 
 from precursor.query_cli import query_app
 from tests.fixtures_api import SimulatedStore, fill_store
+from tests.fixtures_store import store_digest
+
+if TYPE_CHECKING:
+    from tests.fixtures_postgres import NewStore
+
+pytest_plugins = ["tests.fixtures_postgres"]
 
 runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def sim(tmp_path_factory: pytest.TempPathFactory) -> SimulatedStore:
-    return fill_store(tmp_path_factory.mktemp("cli") / "store.duckdb")
+def sim(new_store: NewStore) -> SimulatedStore:
+    return fill_store(new_store("cli"))
 
 
 def run(sim: SimulatedStore, *args: str) -> tuple[int, str, str]:
@@ -90,14 +96,14 @@ def test_events_and_quality(sim: SimulatedStore) -> None:
 
 
 def test_sql_reads_and_refuses_to_write(sim: SimulatedStore) -> None:
-    before = hashlib.sha256(sim.path.read_bytes()).hexdigest()
+    before = store_digest(sim.path)
     code, out, _ = run(sim, "sql", "SELECT count(*) AS n FROM predictions", "--json")
     assert code == 0 and json.loads(out) == [{"n": len(sim.predictions)}]
     code, _, err = run(sim, "sql", "DELETE FROM predictions")
     assert code == 2 and "only a single SELECT" in err and "DELETE" in err
     code, _, err = run(sim, "sql", "SELECT 1; DROP TABLE events")
     assert code == 2 and "single statement" in err
-    assert hashlib.sha256(sim.path.read_bytes()).hexdigest() == before
+    assert store_digest(sim.path) == before
 
 
 @pytest.mark.parametrize(
