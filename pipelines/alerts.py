@@ -67,18 +67,23 @@ class KindState:
     streak: int = 0
 
 
+_QUIET = KindState(False, 0)
+_RAISED = KindState(True, 0)
+
+
 def step(rule: AlertRule, state: KindState, risk: float, threshold: float) -> tuple[KindState, Change | None]:
     """The next state after one window's risk, judged at ``threshold``, and the change it causes, if any."""
+    # The two settled states are shared instances: most windows end in one, and a frozen dataclass is slow to build.
     if not state.raised:
         if risk < threshold:
-            return KindState(False, 0), None
+            return _QUIET, None
         if state.streak + 1 >= rule.raise_after:
-            return KindState(True, 0), "raised"
+            return _RAISED, "raised"
         return KindState(False, state.streak + 1), None
     if risk >= rule.clear_below(threshold):
-        return KindState(True, 0), None
+        return _RAISED, None
     if state.streak + 1 >= rule.clear_after:
-        return KindState(False, 0), "cleared"
+        return _QUIET, "cleared"
     return KindState(True, state.streak + 1), None
 
 
@@ -167,7 +172,7 @@ def advance(timeline: Timeline, arrivals: Iterable[PredictionRecord], rule: Aler
     def decide(r: PredictionRecord) -> None:
         threshold = rule.threshold_for(r.model_name, r.threshold)
         for kind, risk in r.risk:
-            kinds[kind], change = step(rule, kinds.get(kind, KindState()), risk, threshold)
+            kinds[kind], change = step(rule, kinds.get(kind, _QUIET), risk, threshold)
             if change is not None:
                 changes.append(
                     AlertChange(r.machine_id, kind, change, risk, r.window_end_us, r.model_version, threshold)

@@ -5,9 +5,9 @@ One composite per topic does the same jobs for predictions, events, heartbeats a
     ReadKafka -> ParseMessages (bad records to the dead-letter topic, each with the reason)
               -> DropDuplicates (grouped by machine, one per (edge_id, seq)) -> WriteToStore (ON CONFLICT DO NOTHING)
 
-Every record carries its event time as its Beam timestamp: a prediction's or summary's window end, an event's own
-time. Valid
-messages travel on as plain tuples (:mod:`pipelines.records`), not pydantic objects, so shuffles stay cheap.
+Event time is the Beam timestamp: a prediction's or summary's window end, an event's own time. Valid messages travel
+on as plain tuples (:mod:`pipelines.records`), not pydantic objects, so shuffles stay cheap, and in lists per machine
+(:class:`ParseChunks`), each list stamped with the newest event time in it.
 :class:`IngestPredictions` hands each machine's unique predictions on to :class:`pipelines.alerts.RaiseAlerts`.
 """
 
@@ -17,6 +17,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
+from operator import itemgetter
 from typing import Any
 
 import apache_beam as beam
@@ -57,6 +58,8 @@ from store import PredictionStore
 DEAD = "dead"
 NAMESPACE = "precursor"
 UTC_MICROS = pa.timestamp("us", tz="UTC")
+MACHINE = 2  # prediction and event records keep machine_id third
+EDGE = 0
 
 
 class ParseMessages(beam.DoFn):
@@ -78,20 +81,23 @@ class ParseMessages(beam.DoFn):
         self._invalid = Metrics.counter(NAMESPACE, f"{prefix}.dead_lettered")
 
     def process(self, record: KafkaRecord) -> Iterator[Any]:
-        try:
-            message = self._parse(record)
-            row = tuple(self._to_record(message, partition=record.partition, offset=record.offset))
-            stamped = TimestampedValue(row, Timestamp(micros=row[self._event_time]))
-        except ContractError as err:
+        row = self.read(record)
+        if isinstance(row, DeadLetter):
             self._invalid.inc()
-            yield beam.pvalue.TaggedOutput(DEAD, dead_letter(record, str(err)))
-            return
-        except Exception as err:  # any record that cannot be read must not stop ingest at its offset
-            self._invalid.inc()
-            yield beam.pvalue.TaggedOutput(DEAD, dead_letter(record, f"{self._model.__name__}: unreadable ({err!r})"))
+            yield beam.pvalue.TaggedOutput(DEAD, row)
             return
         self._valid.inc()
-        yield stamped
+        yield TimestampedValue(row, Timestamp(micros=row[self._event_time]))
+
+    def read(self, record: KafkaRecord) -> tuple[Any, ...] | DeadLetter:
+        """The record as a record tuple, or the DeadLetter that says why it is not one."""
+        try:
+            message = self._parse(record)
+            return tuple(self._to_record(message, partition=record.partition, offset=record.offset))
+        except ContractError as err:
+            return dead_letter(record, str(err))
+        except Exception as err:  # any record that cannot be read must not stop ingest at its offset
+            return dead_letter(record, f"{self._model.__name__}: unreadable ({err!r})")
 
     def _parse(self, record: KafkaRecord) -> EdgeMessage:
         if record.value is None:
@@ -101,6 +107,46 @@ class ParseMessages(beam.DoFn):
             return self._model.model_validate_json(record.value)
         except ValidationError:
             return decode(self._model, record.value)
+
+
+class ParseChunks(ParseMessages):
+    """:class:`ParseMessages` over a fetch's list of records at once: valid records leave as ``(key, record tuples)``,
+    one element per key (machine, or edge for heartbeats) and list, stamped with the newest event time among them;
+    dead letters leave one by one, as there.
+
+    Grouping by key before the shuffle makes the runner's per-element cost (encoding, the grouping itself) a cost per
+    machine and fetch rather than per record; what is read, kept and dead-lettered is decided record by record, the
+    same as :class:`ParseMessages` does it."""
+
+    def __init__(
+        self,
+        model: type[EdgeMessage],
+        to_record: Callable[..., tuple[Any, ...]],
+        event_time: int,
+        counter_prefix: str = "",
+        key: int = MACHINE,
+    ) -> None:
+        super().__init__(model, to_record, event_time, counter_prefix)
+        self._key = key
+
+    def process(self, chunk: Iterable[KafkaRecord]) -> Iterator[Any]:  # type: ignore[override]
+        by_key: dict[Any, list[tuple[Any, ...]]] = {}
+        dead = 0
+        for record in chunk:
+            row = self.read(record)
+            if isinstance(row, DeadLetter):
+                dead += 1
+                yield beam.pvalue.TaggedOutput(DEAD, row)
+                continue
+            by_key.setdefault(row[self._key], []).append(row)
+        if dead:
+            self._invalid.inc(dead)
+        valid = sum(len(rows) for rows in by_key.values())
+        if valid:
+            self._valid.inc(valid)
+        at = self._event_time
+        for key, rows in by_key.items():
+            yield TimestampedValue((key, tuple(rows)), Timestamp(micros=max(r[at] for r in rows)))
 
 
 def dead_letter(record: KafkaRecord, reason: str) -> DeadLetter:
@@ -129,14 +175,10 @@ class SendDeadLetters(beam.PTransform):
         )
 
 
-MACHINE = 2  # prediction and event records keep machine_id third
-EDGE = 0
-
-
 class DropDuplicates(beam.PTransform):
     """Groups records by machine (by edge for heartbeats) and keeps one per (edge_id, seq): a retried send from an
-    edge arrives twice but counts once. Emits ``(key, unique records in arrival order)`` stamped at the newest event
-    time among them.
+    edge arrives twice but counts once. Takes ``(key, records)`` lists as :class:`ParseChunks` makes them and emits
+    ``(key, unique records in arrival order)`` stamped at the newest event time among them.
 
     Grouping by machine (not by (edge_id, seq)) costs the same one shuffle and hands the alerting step each machine's
     records together, so the pipeline shuffles its predictions once.
@@ -145,7 +187,6 @@ class DropDuplicates(beam.PTransform):
     def __init__(
         self,
         event_time: int,
-        key: int = MACHINE,
         counter: str = "duplicates_dropped",
         identity: int = 2,
         arrival: int = -2,
@@ -155,21 +196,20 @@ class DropDuplicates(beam.PTransform):
         super().__init__()
         self._arrival = arrival
         self._event_time = event_time
-        self._key = key
         self._counter = counter
         self._identity = identity
 
     def expand(self, rows: beam.PCollection) -> beam.PCollection:
         duplicates = Metrics.counter(NAMESPACE, self._counter)
         event_time = self._event_time
-        key = self._key
         identity = self._identity
         arrival = self._arrival
 
-        def keep_first(group: tuple[str, Iterable[tuple[Any, ...]]]) -> TimestampedValue:
-            machine_id, records = group
+        def keep_first(group: tuple[str, Iterable[tuple[tuple[Any, ...], ...]]]) -> TimestampedValue:
+            machine_id, lists = group
             seen: set[tuple[Any, ...]] = set()
             unique = []
+            records = [r for rows in lists for r in rows]
             for r in sorted(records, key=lambda r: (r[arrival], r[arrival + 1])):  # arrival: (partition, offset)
                 if r[:identity] in seen:
                     duplicates.inc()
@@ -179,39 +219,35 @@ class DropDuplicates(beam.PTransform):
             newest = max(r[event_time] for r in unique)
             return TimestampedValue((machine_id, tuple(unique)), Timestamp(micros=newest))
 
-        return (
-            rows
-            | "KeyByMachine" >> beam.Map(lambda r: (r[key], r))
-            | "GroupByMachine" >> beam.GroupByKey()
-            | "KeepFirst" >> beam.Map(keep_first)
-        )
+        return rows | "GroupByMachine" >> beam.GroupByKey() | "KeepFirst" >> beam.Map(keep_first)
 
 
-def _each_record(group: tuple[str, tuple[tuple[Any, ...], ...]]) -> tuple[tuple[Any, ...], ...]:
-    return group[1]
+_RISK_JSON = json.JSONEncoder(sort_keys=True).encode  # json.dumps(..., sort_keys=True) without an encoder per call
+_PREDICTION_FIELDS = len(PredictionRecord._fields)
 
 
 def prediction_batch(rows: Sequence[tuple[Any, ...]], ingested_at: datetime) -> pa.Table:
     """Prediction record tuples as the store's ``predictions`` columns."""
-    records = [PredictionRecord(*r) for r in rows]
-    tops = [max(r.risk, key=lambda pair: pair[1]) for r in records]
+    full = [r if len(r) == _PREDICTION_FIELDS else tuple(PredictionRecord(*r)) for r in rows]
+    columns = PredictionRecord(*zip(*full, strict=True)) if full else PredictionRecord(*([()] * _PREDICTION_FIELDS))
+    tops = [max(risk, key=itemgetter(1)) for risk in columns.risk]
     return pa.table(
         {
-            "edge_id": [r.edge_id for r in records],
-            "seq": pa.array([r.seq for r in records], pa.int64()),
-            "machine_id": [r.machine_id for r in records],
-            "window_start": pa.array([r.window_start_us for r in records], UTC_MICROS),
-            "window_end": pa.array([r.window_end_us for r in records], UTC_MICROS),
-            "horizon_h": pa.array([r.horizon_h for r in records], pa.float64()),
-            "risk": [json.dumps(dict(r.risk), sort_keys=True) for r in records],
+            "edge_id": pa.array(columns.edge_id, pa.string()),
+            "seq": pa.array(columns.seq, pa.int64()),
+            "machine_id": pa.array(columns.machine_id, pa.string()),
+            "window_start": pa.array(columns.window_start_us, UTC_MICROS),
+            "window_end": pa.array(columns.window_end_us, UTC_MICROS),
+            "horizon_h": pa.array(columns.horizon_h, pa.float64()),
+            "risk": pa.array([_RISK_JSON(dict(risk)) for risk in columns.risk], pa.string()),
             "max_risk": pa.array([top[1] for top in tops], pa.float64()),
-            "top_kind": [top[0] for top in tops],
-            "model_name": [r.model_name for r in records],
-            "model_version": [r.model_version for r in records],
-            "emitted_at": pa.array([r.emitted_at_us for r in records], UTC_MICROS),
-            "ingested_at": pa.array([to_micros(ingested_at)] * len(records), UTC_MICROS),
-            "threshold": pa.array([r.threshold for r in records], pa.float64()),
-            "reasons": pa.array([r.reasons for r in records], pa.string()),
+            "top_kind": pa.array([top[0] for top in tops], pa.string()),
+            "model_name": pa.array(columns.model_name, pa.string()),
+            "model_version": pa.array(columns.model_version, pa.string()),
+            "emitted_at": pa.array(columns.emitted_at_us, UTC_MICROS),
+            "ingested_at": pa.array([to_micros(ingested_at)] * len(full), UTC_MICROS),
+            "threshold": pa.array(columns.threshold, pa.float64()),
+            "reasons": pa.array(columns.reasons, pa.string()),
         }
     )
 
@@ -284,7 +320,8 @@ def telemetry_summary_batch(rows: Sequence[tuple[Any, ...]], ingested_at: dateti
 
 
 class WriteToStore(beam.DoFn):
-    """Batches a bundle's records into one insert; counts store rows that were new versus already stored."""
+    """Batches a bundle's ``(key, records)`` into one insert; counts store rows that were new versus already
+    stored."""
 
     def __init__(
         self,
@@ -306,8 +343,8 @@ class WriteToStore(beam.DoFn):
     def start_bundle(self) -> None:
         self._rows = []
 
-    def process(self, row: tuple[Any, ...]) -> None:
-        self._rows.append(row)
+    def process(self, group: tuple[Any, Sequence[tuple[Any, ...]]]) -> None:
+        self._rows.extend(group[1])
         if len(self._rows) >= self._batch_size:
             self._flush()
 
@@ -327,7 +364,10 @@ class WriteToStore(beam.DoFn):
 
 
 class _IngestTopic(beam.PTransform):
-    """ReadKafka -> Parse -> (dead letters | DropDuplicates -> WriteToStore); returns each machine's unique records."""
+    """ReadKafka -> Parse -> (dead letters | DropDuplicates -> WriteToStore); returns each machine's unique records.
+
+    Records travel in lists (a fetch's records per machine, then a run's per machine), never one element each: the
+    local runner's cost per element was most of ingest's time when they did."""
 
     model: type[EdgeMessage]
     table: str
@@ -353,19 +393,19 @@ class _IngestTopic(beam.PTransform):
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         parsed = (
             pbegin
-            | "ReadKafka" >> ReadKafkaRanges(self._settings, self._ranges)
+            | "ReadKafka" >> ReadKafkaRanges(self._settings, self._ranges, chunked=True)
             | "ParseMessages"
-            >> beam.ParDo(ParseMessages(self.model, self.to_record, self.event_time, self.counter_prefix)).with_outputs(
-                DEAD, main="valid"
-            )
+            >> beam.ParDo(
+                ParseChunks(self.model, self.to_record, self.event_time, self.counter_prefix, self.key)
+            ).with_outputs(DEAD, main="valid")
         )
         _ = parsed[DEAD] | "SendDeadLetters" >> SendDeadLetters(self._settings)
         prefix = self.counter_prefix or self.model.__name__
         duplicates = f"{prefix}.duplicates_dropped" if self.counter_prefix else "duplicates_dropped"
         per_key = parsed["valid"] | "DropDuplicates" >> DropDuplicates(
-            self.event_time, self.key, duplicates, self.identity, self.arrival
+            self.event_time, duplicates, self.identity, self.arrival
         )
-        records = per_key | "EachRecord" >> beam.FlatMap(_each_record)
+        records = per_key
         if self._regroup:
             records = records | "RegroupForWrite" >> beam.Reshuffle()
         _ = records | "WriteToStore" >> beam.ParDo(WriteToStore(self._store_path, self.table, self.to_batch, prefix))

@@ -10,9 +10,10 @@ and the store's primary key turns the replay into a no-op.
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import apache_beam as beam
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
@@ -42,6 +43,44 @@ class KafkaRecord:
     key: bytes | None
     value: bytes | None
     timestamp_ms: int
+
+
+class KafkaChunk:
+    """A fetch's records of one partition, in offset order: what :class:`ReadPartitionChunks` emits."""
+
+    __slots__ = ("records",)
+
+    def __init__(self, records: list[KafkaRecord]) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[KafkaRecord]:
+        return iter(self.records)
+
+
+class KafkaChunkCoder(beam.coders.Coder):
+    """Encodes a chunk as one pickle of plain tuples, and estimates its size from the payloads alone: the runner
+    estimates the size of the elements it hands on, and the default coder would pickle every record to do so."""
+
+    def encode(self, chunk: KafkaChunk) -> bytes:
+        return pickle.dumps([astuple(r) for r in chunk.records], pickle.HIGHEST_PROTOCOL)
+
+    def decode(self, encoded: bytes) -> KafkaChunk:
+        return KafkaChunk([KafkaRecord(*fields) for fields in pickle.loads(encoded)])
+
+    def estimate_size(self, chunk: KafkaChunk) -> int:
+        return sum(len(r.value or b"") + len(r.key or b"") + 32 for r in chunk.records)
+
+    def is_deterministic(self) -> bool:
+        return False
+
+    def to_type_hint(self) -> type:
+        return KafkaChunk
+
+
+beam.coders.registry.register_coder(KafkaChunk, KafkaChunkCoder)
 
 
 def _consumer(settings: KafkaSettings, **tuning: int) -> KafkaConsumer:
@@ -88,6 +127,11 @@ class ReadPartitionRange(beam.DoFn):
         self._consumer = _consumer(self._settings, **_BULK_READ)
 
     def process(self, r: PartitionRange) -> Iterator[KafkaRecord]:
+        for chunk in self.chunks(r):
+            yield from chunk
+
+    def chunks(self, r: PartitionRange) -> Iterator[KafkaChunk]:
+        """The range's records in offset order, a list per fetch."""
         assert self._consumer is not None
         if r.size == 0:
             return
@@ -105,23 +149,39 @@ class ReadPartitionRange(beam.DoFn):
                     )
                 continue
             last_progress = time.monotonic()
-            for rec in batch:
-                if rec.offset >= r.end:
-                    return
-                yield KafkaRecord(rec.topic, rec.partition, rec.offset, rec.key, rec.value, rec.timestamp)
+            chunk = [
+                KafkaRecord(rec.topic, rec.partition, rec.offset, rec.key, rec.value, rec.timestamp)
+                for rec in batch
+                if rec.offset < r.end
+            ]
+            if chunk:
+                yield KafkaChunk(chunk)
+            if len(chunk) < len(batch):
+                return
 
     def teardown(self) -> None:
         if self._consumer is not None:
             self._consumer.close()
 
 
-class ReadKafkaRanges(beam.PTransform):
-    """``PBegin -> PCollection[KafkaRecord]`` for a fixed set of partition ranges."""
+class ReadPartitionChunks(ReadPartitionRange):
+    """Reads one :class:`PartitionRange` as lists of records (one per fetch, in offset order): a stage that handles
+    records in bulk then pays the runner's cost per element once per list, not once per record."""
 
-    def __init__(self, settings: KafkaSettings, ranges: list[PartitionRange]) -> None:
+    def process(self, r: PartitionRange) -> Iterator[KafkaChunk]:  # type: ignore[override]
+        yield from self.chunks(r)
+
+
+class ReadKafkaRanges(beam.PTransform):
+    """``PBegin -> PCollection[KafkaRecord]`` for a fixed set of partition ranges; with ``chunked``,
+    ``PCollection[KafkaChunk]`` (see :class:`ReadPartitionChunks`)."""
+
+    def __init__(self, settings: KafkaSettings, ranges: list[PartitionRange], *, chunked: bool = False) -> None:
         super().__init__()
         self._settings = settings
         self._ranges = [r for r in ranges if r.size > 0]
+        self._chunked = chunked
+        self._reader = ReadPartitionChunks if chunked else ReadPartitionRange
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         return (
@@ -129,7 +189,8 @@ class ReadKafkaRanges(beam.PTransform):
             | "PlanPartitions" >> beam.Create(self._ranges)
             # Each range is read by one worker; a reshuffle spreads partitions over workers on a distributed runner.
             | "SpreadPartitions" >> beam.Reshuffle()
-            | "ReadPartitions" >> beam.ParDo(ReadPartitionRange(self._settings))
+            | "ReadPartitions"
+            >> beam.ParDo(self._reader(self._settings)).with_output_types(KafkaChunk if self._chunked else KafkaRecord)
         )
 
 

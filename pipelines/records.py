@@ -20,7 +20,7 @@ True
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
 from contracts.messages import EdgeEvent, Heartbeat, Prediction, TelemetrySummary
@@ -32,10 +32,13 @@ RiskPairs = tuple[tuple[str, float], ...]
 """A risk dict as (kind, probability) pairs sorted by kind: hashable, deterministic and cheap to encode."""
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
 def to_micros(moment: datetime) -> int:
-    """Epoch microseconds of an aware datetime, exactly (no float rounding)."""
-    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
-    return (delta.days * 86_400 + delta.seconds) * MICROS + delta.microseconds
+    """Epoch microseconds of an aware datetime, exactly (no float rounding: timedelta division is integer)."""
+    return (moment - _EPOCH) // _MICROSECOND
 
 
 def from_micros(micros: int) -> datetime:
