@@ -11,7 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from store import connect
+from store.dialect import is_postgres
+from store.postgres import read_consistent
 
 PREDICTION_QUERY = """
 SELECT edge_id, seq, machine_id, epoch_us(window_start) AS window_start_us, epoch_us(window_end) AS window_end_us,
@@ -39,6 +43,12 @@ def take_snapshot(store_path: str | Path, folder: str | Path) -> Snapshot:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     predictions, events = folder / "predictions.parquet", folder / "events.parquet"
+    if is_postgres(store_path):
+        with connect(store_path, read_only=True) as pg:
+            rows = read_consistent(pg, [PREDICTION_QUERY, EVENT_QUERY])  # type: ignore[arg-type]
+        for table, path in zip(rows, (predictions, events), strict=True):
+            pq.write_table(table, path)
+        return Snapshot(predictions, events, rows[0].num_rows, rows[1].num_rows)
     with connect(store_path, read_only=True) as con:
         con.execute("BEGIN TRANSACTION")
         con.execute(f"COPY ({PREDICTION_QUERY}) TO '{predictions}' (FORMAT PARQUET)")

@@ -162,3 +162,36 @@ def insert_table(con: PostgresConnection, table: str, batch: pa.Table, *, replac
                 raise
             time.sleep(0.05 * (attempt + 1))
     return 0
+
+
+_ARROW_TYPES = {
+    16: pa.bool_(),
+    20: pa.int64(),
+    21: pa.int16(),
+    23: pa.int32(),
+    25: pa.string(),
+    700: pa.float32(),
+    701: pa.float64(),
+    1043: pa.string(),
+}
+"""Arrow types of the PostgreSQL types (by OID) that a snapshot query selects."""
+
+
+def read_consistent(con: PostgresConnection, queries: Sequence[str]) -> list[pa.Table]:
+    """Each query's rows as an Arrow table, all read from one snapshot of the database (as writers go on)."""
+    tables = []
+    with con.raw.transaction():
+        con.raw.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        for query in queries:
+            cur = con.execute(query)
+            rows = cur.fetchall()
+            columns = list(zip(*rows, strict=True)) if rows else [() for _ in cur.description]
+            tables.append(
+                pa.table(
+                    {
+                        d.name: pa.array(list(values), type=_ARROW_TYPES.get(d.type_code))
+                        for d, values in zip(cur.description, columns, strict=True)
+                    }
+                )
+            )
+    return tables

@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import pyarrow.parquet as pq
 import pytest
 from kafka import KafkaProducer
 from typer.testing import CliRunner
@@ -17,10 +18,13 @@ from typer.testing import CliRunner
 from contracts.messages import encode
 from contracts.settings import KafkaSettings, PrecursorSettings
 from infra.postgres_server import LocalPostgres
+from pipelines.labeling import read_dataset, run_labeling
 from pipelines.run import CONSUMER, RunReport, run_once
+from pipelines.snapshot import take_snapshot
 from store import PredictionStore, connect
 from store.queries import reading
 from tests.fixtures_api import simulated_fleet_messages
+from tests.fixtures_store import store_messages
 
 pytest_plugins = ["tests.fixtures_postgres"]
 
@@ -95,6 +99,24 @@ def test_ingest_writes_postgres_exactly_once_alone_on_a_rerun_and_beside_another
     # Each row was new to exactly one of them.
     assert sum(r.stored for r in reports.values()) == len(predictions) + len(events)
     assert sum(r.already_stored for r in reports.values()) == len(predictions) + len(events)
+
+
+@pytest.mark.integration
+def test_labeling_reads_a_postgres_store_as_it_reads_a_duckdb_one(
+    postgres_server: LocalPostgres, tmp_path: Path, fleet: tuple[list, list]
+) -> None:
+    predictions, events = fleet
+    pg, duck = fresh_database(postgres_server, "labels"), tmp_path / "store.duckdb"
+    for store in (pg, duck):
+        store_messages(store, [*predictions, *events])
+    snapshots = [take_snapshot(store, tmp_path / f"snapshot-{i}") for i, store in enumerate((pg, duck))]
+    for name in ("predictions", "events"):
+        from_pg, from_duckdb = (pq.read_table(getattr(s, name)) for s in snapshots)
+        assert from_pg.num_rows > 0 and from_pg.to_pylist() == from_duckdb.to_pylist(), name
+        assert [f.type for f in from_pg.schema] == [f.type for f in from_duckdb.schema], name
+    reports = [run_labeling(store, tmp_path / f"labels-{i}") for i, store in enumerate((pg, duck))]
+    assert reports[0].examples > 0 and reports[0].examples == reports[1].examples
+    assert read_dataset(tmp_path / "labels-0").equals(read_dataset(tmp_path / "labels-1"))
 
 
 def test_the_password_is_in_no_message_repr_or_log(
