@@ -135,6 +135,7 @@ def baseline_features(windows: Sequence[Window], tokenizer: Mapping[str, Any]) -
         per_machine=tokenizer.get("scaling", "machine") == "machine",
         daily_profile=bool(tokenizer.get("daily_profile", False)),
         residual=bool(tokenizer.get("residual", False)),
+        regimes=bool(tokenizer.get("regimes", False)),
         restart_at_failure=bool(tokenizer.get("restart_at_failure", False)),
     )
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from models.regimes import Regimes
 from models.scoring import Window
 
 STATISTICS = ("mean", "std", "slope", "last", "min", "max")
@@ -71,6 +72,7 @@ class SensorScaling:
     machines: Mapping[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # id -> (center, scale)
     daily: Mapping[str, np.ndarray] = field(default_factory=dict)  # id ("" for the fleet) -> (24, S) hourly offsets
     residual: np.ndarray | None = None  # (S, S): column j predicts sensor j from the others; zero diagonal
+    regimes: Regimes | None = None  # operating regimes (models.regimes): each reading measured within its own
 
     @classmethod
     def fit(
@@ -82,11 +84,13 @@ class SensorScaling:
         min_machine_rows: int = 50,
         times_by_machine: Mapping[str, np.ndarray] | None = None,
         residual: bool = False,
+        regimes: bool = False,
     ) -> SensorScaling:
         """Fit on each machine's training rows ``(N_m, S)`` (each row once, columns in ``sensors`` order).
 
-        With ``times_by_machine`` (epoch seconds per row), also fit the daily profiles; with ``residual``, the
-        cross-sensor fits (on rows scaled by everything before them).
+        With ``times_by_machine`` (epoch seconds per row), also fit the daily profiles; with ``regimes``, look for
+        operating regimes in the scaled rows (:meth:`models.regimes.Regimes.detect`: kept only where the rows fall
+        into tight clusters); with ``residual``, the cross-sensor fits (on rows scaled by everything before them).
         """
         if not rows_by_machine:
             raise ValueError("SensorScaling.fit needs the rows of at least one machine")
@@ -111,15 +115,30 @@ class SensorScaling:
                 rows = np.asarray(rows_by_machine[machine_id], dtype=np.float64)
                 daily[machine_id] = _hourly_offsets(rows - m_center, np.asarray(times_by_machine[machine_id]))
         scaling = cls(tuple(sensors), center, scale, machines, daily)
+
+        def scaled_rows(by: SensorScaling) -> np.ndarray:
+            return np.concatenate(
+                [
+                    by._scaled(np.asarray(rows, dtype=np.float64), machine_id, _times(times_by_machine, machine_id))
+                    for machine_id, rows in rows_by_machine.items()
+                ]
+            )
+
+        if regimes:
+            found = Regimes.detect(scaled_rows(scaling))
+            if found is not None:
+                scaling = cls(tuple(sensors), center, scale, machines, daily, regimes=found)
         if not residual or len(sensors) < 2:
             return scaling
-        scaled = np.concatenate(
-            [
-                scaling._scaled(np.asarray(rows, dtype=np.float64), machine_id, _times(times_by_machine, machine_id))
-                for machine_id, rows in rows_by_machine.items()
-            ]
+        return cls(
+            tuple(sensors),
+            center,
+            scale,
+            machines,
+            daily,
+            _cross_sensor_fit(scaled_rows(scaling)),
+            regimes=scaling.regimes,
         )
-        return cls(tuple(sensors), center, scale, machines, daily, _cross_sensor_fit(scaled))
 
     def apply(self, window: Window) -> np.ndarray:
         """The window's values in this scaling's sensor order, scaled: ``(T, S)`` float64."""
@@ -134,7 +153,8 @@ class SensorScaling:
             profile = self.daily.get(machine_id if machine_id in self.machines else "", self.daily[""])
             center = center + profile[(timestamps // 3600) % 24]  # (T, S)
         safe = np.where(scale > 0, scale, 1.0)
-        return (values - center) / safe
+        scaled = (values - center) / safe
+        return scaled if self.regimes is None else self.regimes.apply(scaled)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -144,6 +164,7 @@ class SensorScaling:
             "machines": {m: {"center": _floats(c), "scale": _floats(s)} for m, (c, s) in sorted(self.machines.items())},
             "daily": {m: [_floats(row) for row in p] for m, p in sorted(self.daily.items())},
             **({"residual": [_floats(row) for row in self.residual]} if self.residual is not None else {}),
+            **({"regimes": self.regimes.to_json()} if self.regimes is not None else {}),
         }
 
     @classmethod
@@ -162,7 +183,9 @@ class SensorScaling:
             sensors = tuple(data["sensors"])  # type: ignore[arg-type]
             if matrix is not None and (matrix.shape != (len(sensors), len(sensors)) or not np.isfinite(matrix).all()):
                 raise ValueError(f"residual must be a finite {len(sensors)}x{len(sensors)} matrix")
-            return cls(sensors, _array(data["center"]), _array(data["scale"]), machines, daily, matrix)
+            found = data.get("regimes")
+            regimes = Regimes.from_json(found, len(sensors)) if found is not None else None  # type: ignore[arg-type]
+            return cls(sensors, _array(data["center"]), _array(data["scale"]), machines, daily, matrix, regimes)
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"scaling config is malformed: {err!r}") from None
 
@@ -257,6 +280,7 @@ def fit_scaling(
     min_machine_rows: int = 50,
     daily_profile: bool = False,
     residual: bool = False,
+    regimes: bool = False,
 ) -> SensorScaling:
     """Scaling for the informative sensors of training windows (constant sensors dropped)."""
     if not windows:
@@ -274,6 +298,7 @@ def fit_scaling(
         min_machine_rows=min_machine_rows,
         times_by_machine={m: t for m, (t, _) in rows.items()} if daily_profile else None,
         residual=residual,
+        regimes=regimes,
     )
 
 
@@ -513,6 +538,7 @@ class FeatureSpec:
         per_machine: bool = True,
         daily_profile: bool = False,
         residual: bool = False,
+        regimes: bool = False,
         event_lookback_h: float = 72.0,
         max_error_codes: int = 32,
         restart_at_failure: bool = False,
@@ -529,7 +555,9 @@ class FeatureSpec:
             for key, value in w.attributes.items():
                 attributes.setdefault(key, set()).add(_number_or_nan(value))
         return cls(
-            scaling=fit_scaling(windows, per_machine=per_machine, daily_profile=daily_profile, residual=residual),
+            scaling=fit_scaling(
+                windows, per_machine=per_machine, daily_profile=daily_profile, residual=residual, regimes=regimes
+            ),
             window_h=window_h,
             blocks=blocks,
             event_lookback_h=event_lookback_h,

@@ -73,7 +73,7 @@ CONFIG_FILE = "tokenizer_config.json"
 CONFIG_KEY = "precursor_telemetry"
 FORMAT = "precursor-telemetry-tokenizer/1"
 
-SETTINGS_WRITTEN_WHEN_ON = ("restart_at_failure",)
+SETTINGS_WRITTEN_WHEN_ON = ("restart_at_failure", "regimes")
 PAD, UNK, BOS, TREND = "<pad>", "<unk>", "<bos>", "<trend>"
 AGE_EDGES_H = (1.0, 3.0, 6.0, 12.0, 24.0, 48.0, 96.0, 168.0, 336.0, 720.0, 1440.0, 2880.0, 4320.0, 8760.0)
 """Bins for "hours since": fixed and log-spaced, from an hour to a year (15 bins)."""
@@ -112,6 +112,10 @@ class TokenizerSettings(BaseModel):
     scaling: Literal["machine", "fleet"] = "machine"
     daily_profile: bool = False
     residual: bool = False
+    # Look for operating regimes (models.regimes) in the training rows; kept only where the readings fall into tight
+    # clusters (C-MAPSS FD004 of the quality suite, none of its other fleets). Off here so that tokenizers saved
+    # before the setting load as they were; TrainSettings turns it on.
+    regimes: bool = False
     # Statistics see only the rows after the window's latest failure (models.features.blank_before_failure). Off
     # here so that tokenizers saved before the setting load as they were; TrainSettings.restart_at_failure turns it on.
     restart_at_failure: bool = False
@@ -216,6 +220,7 @@ class TelemetryTokenizer:
                 min_machine_rows=s.min_machine_rows,
                 daily_profile=s.daily_profile,
                 residual=s.residual,
+                regimes=s.regimes,
             )
         except ValueError as err:
             raise TokenizerError(str(err)) from None

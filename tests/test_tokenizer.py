@@ -417,3 +417,62 @@ def test_statistics_restart_at_a_failure_inside_the_window(tmp_path) -> None:
     loaded = TelemetryTokenizer.load(tmp_path / "restarting")
     assert loaded.settings.restart_at_failure and loaded.encode(straddling) == restarting.encode(straddling)
     assert TelemetryTokenizer.load(tmp_path / "plain").content_hash == plain.content_hash != restarting.content_hash
+
+
+def test_operating_regimes_are_found_and_each_sensor_read_within_its_own(tmp_path) -> None:
+    """An engine flown at three settings: which one changes every hour, and hides a slow drift of one sensor."""
+    modes = np.array([[0.0, 0.0, 0.0], [40.0, -30.0, 20.0], [-25.0, 35.0, -40.0]])
+
+    def engine(k: int, drift: float = 0.0) -> Window:
+        end = END - timedelta(hours=k)
+        t = np.array([int((end - timedelta(hours=12 - i)).timestamp()) for i in range(12)], dtype=np.int64)
+        rng = np.random.default_rng(k)
+        values = modes[rng.integers(0, 3, 12)] + rng.normal(0, 1.0, (12, 3))
+        values[:, 2] += drift
+        return Window("e-1", end - timedelta(hours=12), end, t, SENSORS, values.astype(np.float32))
+
+    windows = [engine(k) for k in range(200)]
+    drifting = [engine(k, drift=3.0) for k in range(200, 224)]
+    fitted = {}
+    for regimes in (False, True):
+        tokenizer = TelemetryTokenizer(TokenizerSettings(horizon_h=24, window_h=12, regimes=regimes, max_length=128))
+        tokenizer.fit(windows)
+        fitted[regimes] = tokenizer
+        bins = [int(t[-2:]) for w in drifting for t in tokenizer.tokens(w) if t.startswith("vib:mean")]
+        # Within its regime the drift is three spreads: the top bins. Against the regimes' jumps it is lost.
+        assert (min(bins) >= 12) is regimes, bins
+    found = fitted[True].state.scaling.regimes
+    assert fitted[False].state.scaling.regimes is None
+    assert found is not None and found.centroids.shape == (3, 3)
+
+    fitted[True].save(tmp_path)
+    loaded = TelemetryTokenizer.load(tmp_path)
+    assert loaded.encode(drifting[0]) == fitted[True].encode(drifting[0])
+    scaling = json.loads((tmp_path / "tokenizer_config.json").read_text())["precursor_telemetry"]["scaling"]
+    with pytest.raises(ValueError, match="regimes must be two K x 3 matrices"):
+        SensorScaling.from_json({**scaling, "regimes": {"centroids": [[0.0]], "scales": [[1.0]]}})
+
+
+def test_a_fleet_without_regimes_is_scaled_as_before() -> None:
+    auto = TelemetryTokenizer(
+        TokenizerSettings(horizon_h=24, window_h=12, min_machine_rows=10, max_length=128, regimes=True)
+    )
+    off = TelemetryTokenizer(TokenizerSettings(horizon_h=24, window_h=12, min_machine_rows=10, max_length=128))
+    auto.fit(training_windows())
+    off.fit(training_windows())
+    assert auto.state.scaling.regimes is None
+    window = make_window("m-2", seed=9)
+    assert auto.encode(window) == off.encode(window)
+
+
+def test_training_looks_for_regimes_and_a_tokenizer_saved_before_them_keeps_its_hash(tmp_path) -> None:
+    from models.train import TrainSettings
+
+    assert TrainSettings(horizon_h=24).tokenizer.regimes is True
+    assert TrainSettings(horizon_h=24, regimes=False).tokenizer.regimes is False
+    before = TelemetryTokenizer(TokenizerSettings(horizon_h=24, window_h=12, min_machine_rows=10, max_length=128))
+    before.fit(training_windows())
+    before.save(tmp_path)
+    written = json.loads((tmp_path / "tokenizer_config.json").read_text())["precursor_telemetry"]["settings"]
+    assert "regimes" not in written  # off: not written, so tokenizers saved before the setting hash as they did
+    assert TelemetryTokenizer.load(tmp_path).content_hash == before.content_hash
