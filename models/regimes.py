@@ -60,10 +60,12 @@ class Regimes:
         total = float(((sample - sample.mean(axis=0)) ** 2).sum())
         if total <= 0:
             return None
-        fits = {k: KMeans(k, n_init=3, random_state=seed).fit(sample) for k in range(2, MAX_REGIMES + 1)}
+        most = KMeans(MAX_REGIMES, n_init=3, random_state=seed).fit(sample)
+        if 1.0 - float(most.inertia_) / total < MIN_EXPLAINED:
+            return None  # one fit decides it for most fleets: no regimes
+        fits = {k: KMeans(k, n_init=3, random_state=seed).fit(sample) for k in range(2, MAX_REGIMES)}
+        fits[MAX_REGIMES] = most
         explained = {k: 1.0 - float(fit.inertia_) / total for k, fit in fits.items()}
-        if explained[MAX_REGIMES] < MIN_EXPLAINED:
-            return None
         k = min(k for k, share in explained.items() if share >= SHARE_OF_BEST * explained[MAX_REGIMES])
         centroids = np.asarray(fits[k].cluster_centers_, dtype=np.float64)
         labels = _nearest(complete, centroids)
