@@ -36,7 +36,7 @@ MAX_REGIMES = 8
 MIN_EXPLAINED = 0.95
 """Share of the variance that :data:`MAX_REGIMES` clusters must explain for a fleet to have regimes."""
 SHARE_OF_BEST = 0.97
-SAMPLE_ROWS = 20_000
+SAMPLE_ROWS = 5_000
 
 
 @dataclass(frozen=True)
