@@ -37,6 +37,8 @@ MIN_EXPLAINED = 0.95
 """Share of the variance that :data:`MAX_REGIMES` clusters must explain for a fleet to have regimes."""
 SHARE_OF_BEST = 0.97
 SAMPLE_ROWS = 5_000
+CLIP = 10.0
+"""Scaled readings count at most this far from the centre when regimes are found and assigned."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,9 @@ class Regimes:
         """The regimes of ``scaled`` rows ``(N, S)``, or None when they do not fall into tight clusters."""
         from sklearn.cluster import KMeans  # training only: the edge install has no scikit-learn
 
-        complete = scaled[np.isfinite(scaled).all(axis=1)]
+        # Clipped: a sensor with a near-zero spread and a few far readings would otherwise hold all the variance, and
+        # two "regimes" (its outliers and the rest) would explain it.
+        complete = np.clip(scaled[np.isfinite(scaled).all(axis=1)], -CLIP, CLIP)
         if len(complete) < 20 * MAX_REGIMES or complete.shape[1] < 2:
             return None
         rng = np.random.default_rng(seed)
@@ -103,7 +107,7 @@ class Regimes:
 def _nearest(rows: np.ndarray, centroids: np.ndarray) -> np.ndarray:
     """Index of the nearest centroid per row, over the sensors the row has (a row with none: regime 0)."""
     present = np.isfinite(rows)
-    filled = np.where(present, rows, 0.0)
+    filled = np.clip(np.where(present, rows, 0.0), -CLIP, CLIP)
     # sum over present sensors of (x - c)^2 = sum x^2 - 2 x.c + sum over present of c^2
     distance = (
         (filled**2).sum(axis=1)[:, None] - 2.0 * filled @ centroids.T + present.astype(np.float64) @ (centroids**2).T
