@@ -22,8 +22,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import TokenChecker
-from api.models import Health
 from api.routes import router
+from api.schemas import Health
 from api.settings import ApiSettings
 from contracts.settings import KafkaSettings
 from store.queries import StoreAttacher

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Body, Header, HTTPException, Path, Query, Request
 
 from api.auth import Authenticated
 from api.live import LIVE_TOPICS, EventStreamResponse, KafkaTail, LiveTopic, live_events, parse_start
-from api.models import (
+from api.schemas import (
     AlertRow,
     AtRiskMachine,
     EdgeCounts,

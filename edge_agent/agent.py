@@ -48,9 +48,9 @@ from edge_agent.config import EdgeConfig
 from edge_agent.flow_meter import FlowMeter
 from edge_agent.identity import EdgeIdentity, agent_build
 from edge_agent.outbox import Outbox
+from edge_agent.parsing import Reading
 from edge_agent.publisher import Sink
 from edge_agent.quarantine import Quarantine
-from edge_agent.records import Reading
 from edge_agent.scorers import RunningModel, ScorerSlot
 from edge_agent.sequence import SequenceCounter
 from edge_agent.summaries import TelemetrySummarizer, summary_messages

@@ -27,7 +27,7 @@ from operator import itemgetter
 
 from contracts.messages import Event
 from edge_agent.config import WindowSpec
-from edge_agent.records import Reading
+from edge_agent.parsing import Reading
 
 _machine, _time, _sensors, _values = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)  # of a Reading
 _MAGIC = b"PCJ1"

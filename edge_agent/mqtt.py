@@ -38,7 +38,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from contracts.formats import read_machines
 from edge_agent.config import InputSpec, MqttSource, source_name
-from edge_agent.records import RecordParser
+from edge_agent.parsing import RecordParser
 from edge_agent.telemetry_source import Item, SourceBatch
 
 log = logging.getLogger("precursor.edge.mqtt")

@@ -28,7 +28,7 @@ from edge_agent.config import (
     TailSource,
     source_name,
 )
-from edge_agent.records import CsvLayout, Reading, Record, RecordParser
+from edge_agent.parsing import CsvLayout, Reading, Record, RecordParser
 from edge_agent.telemetry_source import Item, SourceBatch, TelemetrySource
 
 Mark = Any

@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 
 from contracts.formats import RowError, read_machines
 from edge_agent.config import InputSpec, TailSource, source_name
-from edge_agent.records import CsvLayout, Record, RecordParser
+from edge_agent.parsing import CsvLayout, Record, RecordParser
 from edge_agent.telemetry_source import Item, SourceBatch
 
 log = logging.getLogger("precursor.edge.tail")

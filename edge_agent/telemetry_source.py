@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from contracts.formats import RowError
 from contracts.messages import Event, TelemetryReading
-from edge_agent.records import Reading
+from edge_agent.parsing import Reading
 
 Item = Reading | TelemetryReading | Event | RowError
 

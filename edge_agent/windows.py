@@ -34,7 +34,7 @@ import numpy as np
 
 from contracts.messages import Event, TelemetryReading
 from edge_agent.config import WindowSpec
-from edge_agent.records import Reading
+from edge_agent.parsing import Reading
 from models.scoring import Window
 
 

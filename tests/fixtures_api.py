@@ -25,7 +25,7 @@ import uvicorn
 from contracts.alerting import AlertRule
 from contracts.messages import EdgeEvent, Event, Heartbeat, Prediction, Reason, ReasonDetail, TelemetrySummary
 from edge_agent.config import WindowSpec
-from edge_agent.records import Reading
+from edge_agent.parsing import Reading
 from edge_agent.summaries import TelemetrySummarizer, summary_messages
 from edge_agent.windows import WindowBuilder
 from pipelines.alerts import AlertChange, MachineAlerts, Timeline, WriteAlertState, advance

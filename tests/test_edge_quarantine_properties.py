@@ -20,8 +20,8 @@ from edge_agent.agent import EdgeAgent
 from edge_agent.checkpoint import readings_accepted
 from edge_agent.config import EdgeConfig
 from edge_agent.outbox import Outbox
+from edge_agent.parsing import RecordParser
 from edge_agent.quarantine import Quarantine
-from edge_agent.records import RecordParser
 from edge_agent.scorers import load_scorer
 from edge_agent.statedb import open_state_db
 from edge_agent.telemetry_source import SourceBatch

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from contracts.formats import RowError
 from contracts.messages import Event, TelemetryReading
-from edge_agent.records import Reading, RecordParser, csv_fields
+from edge_agent.parsing import Reading, RecordParser, csv_fields
 
 HEADER = ["timestamp", "machine_id", "temp", "vib"]
 

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from contracts.formats import RowError
 from contracts.messages import Event
 from edge_agent.config import EdgeConfig, InputSpec, ReplaySource, SimulatorSource, TailSource
-from edge_agent.records import Reading
+from edge_agent.parsing import Reading
 from edge_agent.sources import FileReplay, SimulatedFleet
 from edge_agent.tail import FileTail
 from edge_agent.telemetry_source import SourceBatch

@@ -245,7 +245,7 @@ class VersionShare(Out):
     machines: int
 
 
-class Heartbeat(Out):
+class HeartbeatView(Out):
     heartbeat_at: datetime
     model_name: str
     model_version: str
@@ -291,7 +291,7 @@ class EdgeRollout(Out):
     newest_version: str | None
     on_newest: int
     status: Literal["current", "rolling", "behind"]
-    heartbeat: Heartbeat | None
+    heartbeat: HeartbeatView | None
     identity: EdgeIdentity
 
 
