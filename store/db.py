@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from store import postgres
 from store.dialect import StoreLocation, is_postgres, redact
+from store.errors import StoreBusy
 
 HEARTBEATS_TABLE = """
 -- trust: verified, unsigned or forged (pipelines.edge_trust). It is part of the key, so a forged heartbeat that
@@ -228,10 +229,6 @@ WRITABLE_TABLES = frozenset(
         "drift",
     }
 )
-
-
-class StoreBusy(RuntimeError):
-    """Another process held the store for longer than we were willing to wait."""
 
 
 _WRITERS: dict[Path, threading.RLock] = {}

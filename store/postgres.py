@@ -24,6 +24,7 @@ from psycopg import errors
 from psycopg.types.string import TextLoader
 
 from store.dialect import POSTGRES_FUNCTIONS, redact, to_postgres
+from store.errors import StoreUnreachable
 
 
 class PostgresConnection:
@@ -91,7 +92,7 @@ def connect(url: str, *, schema: str | None, wait_s: float = 10.0) -> Iterator[P
             break
         except psycopg.OperationalError as err:
             if time.monotonic() > deadline:
-                raise ConnectionError(
+                raise StoreUnreachable(
                     f"prediction store {redact(url)} is unreachable: {_first_line(err, url)}"
                 ) from None
             time.sleep(0.2)

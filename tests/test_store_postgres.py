@@ -21,7 +21,7 @@ from infra.postgres_server import LocalPostgres
 from pipelines.labeling import read_dataset, run_labeling
 from pipelines.run import CONSUMER, RunReport, run_once
 from pipelines.snapshot import take_snapshot
-from store import PredictionStore, connect
+from store import PredictionStore, StoreBusy, connect
 from store.queries import reading
 from tests.fixtures_api import simulated_fleet_messages
 from tests.fixtures_store import store_messages
@@ -135,7 +135,7 @@ def test_the_password_is_in_no_message_repr_or_log(
     assert password not in repr(store) and "***" in repr(store)
     monkeypatch.setenv("PRECURSOR_STORE_URL", wrong)
     # ...and a wrong one is refused without being shown.
-    with pytest.raises(ConnectionError) as refused, reading(PrecursorSettings().store_path, wait_s=0.5):
+    with pytest.raises(StoreBusy) as refused, reading(PrecursorSettings().store_path, wait_s=0.5):
         pass
     assert "***" in str(refused.value) and password not in str(refused.value)
     assert password not in caplog.text
