@@ -9,18 +9,14 @@ objects serve`` runs one in the foreground.
 
 from __future__ import annotations
 
-import fcntl
-import os
-import shutil
 import socket
-import subprocess
 import time
 from pathlib import Path
 
 from contracts.object_store import ObjectStoreSettings
 from contracts.settings import PrecursorSettings
+from infra.go_tools import GoInstallError, go_install
 from infra.kafka_broker import free_ports
-from infra.maven_jars import MissingToolError
 from infra.processes import BackgroundProcess, Report, log_tail
 
 S3_SERVER_MODULE = "github.com/johannesboyne/gofakes3/cmd/gofakes3"
@@ -44,36 +40,12 @@ def binary_path(root: Path | None = None) -> Path:
 
 def install_s3_server(root: Path | None = None, *, report: Report = print) -> Path:
     """Build the server with ``go install`` into the tools folder (once; later calls return at once)."""
-    target = binary_path(root)
-    if target.is_file():
-        return target
-    go = shutil.which("go")
-    if go is None:
-        raise MissingToolError("'go' not found, but it is needed once to build the local S3 server: install Go 1.22+")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with (target.parent / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.is_file():
-            return target
-        staging = target.parent / f".build.{os.getpid()}"
-        report(f"building the local S3 server into {target} (go install {S3_SERVER_MODULE}@{S3_SERVER_VERSION})")
-        # go refuses a relative GOBIN, and the state folder is relative by default.
-        env = os.environ | {"GOBIN": str(staging.absolute()), "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
-        done = subprocess.run(
-            [go, "install", f"{S3_SERVER_MODULE}@{S3_SERVER_VERSION}"],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
+    try:
+        return go_install(
+            S3_SERVER_MODULE, S3_SERVER_VERSION, binary_path(root), purpose="the local S3 server", report=report
         )
-        if done.returncode != 0:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise ObjectStoreServerError(
-                f"go install of {S3_SERVER_MODULE} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}"
-            )
-        (staging / BINARY).rename(target)
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    except GoInstallError as err:
+        raise ObjectStoreServerError(str(err)) from None
 
 
 class LocalS3:

@@ -20,10 +20,7 @@ Nothing is downloaded when a pipeline runs: a missing binary or jar is an error 
 
 from __future__ import annotations
 
-import fcntl
 import os
-import shutil
-import subprocess
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +35,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.settings import PrecursorSettings
 from infra.flink_cluster import FLINK_CLUSTER_LOGGING_POM
-from infra.maven_jars import MissingToolError, pom_digest, resolve_runtime_jars
+from infra.go_tools import GoInstallError, go_install
+from infra.maven_jars import pom_digest, resolve_runtime_jars
 
 LOCAL = "local"
 PRISM = "prism"
@@ -173,30 +171,13 @@ def counters(result: PipelineResult, namespace: str) -> dict[str, int]:
 def install_prism(settings: EngineSettings | None = None, *, report: Callable[[str], None] = print) -> Path:
     """Build the Prism binary of this Beam version with ``go install`` (once; later calls return at once)."""
     settings = settings or EngineSettings()
-    target = settings.prism_path
-    if target.is_file():
-        return target
-    go = shutil.which("go")
-    if go is None:
-        raise MissingToolError("'go' not found, but it is needed once to build Beam's Prism runner: install Go 1.22+")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with (target.parent / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.is_file():
-            return target
-        staging = target.parent / f".build.{os.getpid()}"
-        report(f"building Prism {BEAM_VERSION} into {target} (go install {PRISM_MODULE}; first time takes minutes)")
-        # go refuses a relative GOBIN, and the state folder is relative by default.
-        env = os.environ | {"GOBIN": str(staging.absolute()), "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
-        done = subprocess.run(
-            [go, "install", f"{PRISM_MODULE}@v{BEAM_VERSION}"], env=env, capture_output=True, text=True, check=False
-        )
-        if done.returncode != 0:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise EngineError(f"go install of Prism failed ({done.returncode}):\n{(done.stdout + done.stderr)[-4000:]}")
-        (staging / "prism").rename(target)
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    try:
+        return go_install(
+            PRISM_MODULE, f"v{BEAM_VERSION}", settings.prism_path, purpose=f"Beam's Prism runner {BEAM_VERSION}",
+            report=report,
+        )  # fmt: skip
+    except GoInstallError as err:
+        raise EngineError(str(err)) from None
 
 
 def install_flink(settings: EngineSettings | None = None, *, report: Callable[[str], None] = print) -> Path:
