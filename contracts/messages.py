@@ -103,13 +103,27 @@ class Event(Message):
     @property
     def kind(self) -> str:
         """``failure``, ``maintenance``, ``error`` or ``anomaly``."""
-        return self.event.split(":", 1)[0]
+        return event_kind(self.event)
 
     @property
     def detail(self) -> str | None:
         """The failure kind, the part maintained or the error code; ``None`` where the event has none."""
-        parts = self.event.split(":", 1)
-        return parts[1] if len(parts) == 2 else None
+        return event_detail(self.event)
+
+
+def event_kind(event: str) -> str:
+    """An event text's kind: ``failure``, ``maintenance``, ``error`` or ``anomaly``.
+
+    >>> event_kind("error:E310"), event_detail("error:E310"), event_detail("anomaly")
+    ('error', 'E310', None)
+    """
+    return event.split(":", 1)[0]
+
+
+def event_detail(event: str) -> str | None:
+    """An event text's detail (the failure kind, the part maintained or the error code), or ``None``."""
+    parts = event.split(":", 1)
+    return parts[1] if len(parts) == 2 else None
 
 
 class EdgeEvent(EdgeMessage, Event):

@@ -23,7 +23,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
-from contracts.messages import EdgeEvent, Heartbeat, Prediction, TelemetrySummary
+from contracts.messages import EdgeEvent, Heartbeat, Prediction, TelemetrySummary, event_detail, event_kind
 
 MICROS = 1_000_000
 HOUR_US = 3600 * MICROS
@@ -86,12 +86,11 @@ class EventRecord(NamedTuple):
 
     @property
     def kind(self) -> str:
-        return self.event.split(":", 1)[0]
+        return event_kind(self.event)
 
     @property
     def detail(self) -> str | None:
-        parts = self.event.split(":", 1)
-        return parts[1] if len(parts) == 2 else None
+        return event_detail(self.event)
 
 
 class HeartbeatRecord(NamedTuple):
