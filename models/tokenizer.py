@@ -461,12 +461,10 @@ class TelemetryTokenizer:
         """The window as token ids, at most ``max_length`` long, ending with the horizon token.
 
         The same ids as :meth:`_encode_plain` (the token-text path, kept as the reference and tested against), made
-        from id tables filled at fit or load time: the edge encodes every window, and text costs time there.
+        from id tables filled at fit or load time: the edge encodes every window, and text costs time there. One
+        window is a batch of one (:meth:`encode_many`): one fast path, not two.
         """
-        head, events_by_block = self._head_ids(window)
-        stats = self._statistics(window, self.state.scaling)
-        stacked = np.concatenate([stats[key] for key in self._statistic_keys()])  # (R, S), rows as in _row_edges
-        return self._assemble(head, events_by_block, self._binned_ids(stacked[None])[0])
+        return self._encode_batch([window])[0][0]
 
     def encode_many(self, windows: Iterable[Window]) -> list[list[int]]:
         """:meth:`encode` of each window, the same ids, with the statistics of evenly sampled windows of one length
