@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from contracts.messages import encode
 from contracts.settings import KafkaSettings, PrecursorSettings
 from infra.postgres_server import LocalPostgres
+from pipelines.flow import observe
 from pipelines.labeling import read_dataset, run_labeling
 from pipelines.run import CONSUMER, RunReport, run_once
 from pipelines.snapshot import take_snapshot
@@ -77,6 +78,11 @@ def test_ingest_writes_postgres_exactly_once_alone_on_a_rerun_and_beside_another
     again = run_once(kafka_settings, url, from_beginning=True)
     assert (again.stored, again.already_stored) == (0, len(predictions) + len(events))
     assert stored(url) == want
+    # The flow view reads the runs, rows and positions that ingest kept in the same store.
+    seen = observe(kafka_settings, url)
+    assert not [p for p in seen.problems if p.startswith("store")], seen.problems
+    assert [r["read"] for r in seen.runs] == [first.read, again.read]
+    assert seen.rows["predictions"] == len(predictions) and seen.last_run_at is not None
 
     # Two runs at once into one new database, over the same records (as two consumers of the same partitions).
     shared = fresh_database(postgres_server, "shared")
