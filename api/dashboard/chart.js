@@ -1,6 +1,8 @@
 // Time-series charts in plain SVG: lines with optional min/max bands, threshold lines, markers and shaded spans.
 // No library: the dashboard must work with every asset served by the Precursor process itself.
 
+import { HOUR } from "./format.js";
+
 const SVG = "http://www.w3.org/2000/svg";
 
 function el(name, attrs = {}, parent = null) {
@@ -10,7 +12,9 @@ function el(name, attrs = {}, parent = null) {
   return node;
 }
 
-const HOUR = 3600e3;
+// Colours for series that carry no colour of their own meaning (model versions, sensors), in the order they are given.
+export const PALETTE = ["#13294b", "#e4572e", "#2f9e66", "#3b7dd8", "#d79b00", "#8e44ad", "#16a085", "#c0392b"];
+
 const DAY = 24 * HOUR;
 const STEPS = [5 * 60e3, 15 * 60e3, 30 * 60e3, HOUR, 2 * HOUR, 3 * HOUR, 6 * HOUR, 12 * HOUR, DAY, 2 * DAY, 3 * DAY, 4 * DAY, 7 * DAY, 14 * DAY, 30 * DAY];
 const MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];

@@ -1,22 +1,22 @@
 // The flow page: the dataflow from reading to store, stage by stage, with the bottleneck marked; the figures behind
-// each stage and what a prediction costs. It draws the API's /flow answer and nothing else.
+// each stage and what a prediction costs. It draws the API's /flow answer and nothing else, redrawn every few seconds
+// while the page is open.
 
 import { formatTime } from "./chart.js";
+import { h, view } from "./dom.js";
 
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs)) {
-    if (value === null || value === undefined || value === false) continue;
-    if (key === "class") node.className = value;
-    else if (key === "text") node.textContent = value;
-    else if (key === "dataset") Object.assign(node.dataset, value);
-    else node.setAttribute(key, value === true ? "" : String(value));
-  }
-  for (const child of children.flat()) {
-    if (child === null || child === undefined || child === false) continue;
-    node.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
-  }
-  return node;
+const REFRESH_MS = 5000;
+
+export async function showFlow(shell) {
+  const { state, api, stopLive } = shell;
+  state.page = "flow";
+  stopLive();
+  const report = await api("/flow");
+  if (state.page !== "flow") return;
+  view().replaceChildren(renderFlow(report));
+  document.body.dataset.ready = "flow";
+  clearTimeout(state.flowTimer);
+  state.flowTimer = setTimeout(() => showFlow(shell).catch(shell.showError), REFRESH_MS);
 }
 
 export function rate(value) {
@@ -42,64 +42,64 @@ function age(iso, now) {
 const STATE_PILL = { ok: "ok", behind: "failing", idle: "neutral", unknown: "degraded" };
 
 function stageBox(stage) {
-  return el(
+  return h(
     "article",
     { class: `flow-stage ${stage.state}${stage.bottleneck ? " bottleneck" : ""}`, dataset: { stage: stage.name, state: stage.state, bottleneck: String(stage.bottleneck) } },
-    el("div", { class: "flow-stage-head" }, el("h2", { text: stage.title }), el("span", { class: `pill ${STATE_PILL[stage.state]}`, text: stage.state })),
-    stage.bottleneck ? el("div", { class: "flow-mark", text: "bottleneck" }) : null,
-    el(
+    h("div", { class: "flow-stage-head" }, h("h2", { text: stage.title }), h("span", { class: `pill ${STATE_PILL[stage.state]}`, text: stage.state })),
+    stage.bottleneck ? h("div", { class: "flow-mark", text: "bottleneck" }) : null,
+    h(
       "dl",
       {},
-      el("dt", { text: "in" }),
-      el("dd", { class: "num", dataset: { field: "in" }, text: rate(stage.input_per_s) }),
-      el("dt", { text: "out" }),
-      el("dd", { class: "num", dataset: { field: "out" }, text: rate(stage.output_per_s) }),
-      el("dt", { text: "waiting" }),
-      el("dd", { class: "num", dataset: { field: "backlog" }, title: stage.backlog_what, text: stage.backlog === null ? "–" : stage.backlog.toLocaleString("en") }),
+      h("dt", { text: "in" }),
+      h("dd", { class: "num", dataset: { field: "in" }, text: rate(stage.input_per_s) }),
+      h("dt", { text: "out" }),
+      h("dd", { class: "num", dataset: { field: "out" }, text: rate(stage.output_per_s) }),
+      h("dt", { text: "waiting" }),
+      h("dd", { class: "num", dataset: { field: "backlog" }, title: stage.backlog_what, text: stage.backlog === null ? "–" : stage.backlog.toLocaleString("en") }),
     ),
-    el("p", { class: "flow-reason", text: stage.reason }),
+    h("p", { class: "flow-reason", text: stage.reason }),
   );
 }
 
 function diagram(report) {
   const parts = [];
   report.stages.forEach((stage, i) => {
-    if (i) parts.push(el("div", { class: "flow-arrow", "aria-hidden": "true" }, el("span", { text: "→" })));
+    if (i) parts.push(h("div", { class: "flow-arrow", "aria-hidden": "true" }, h("span", { text: "→" })));
     parts.push(stageBox(stage));
   });
-  return el("section", { class: "flow-diagram", id: "flow-stages", role: "list", "aria-label": "stages from reading to store" }, parts);
+  return h("section", { class: "flow-diagram", id: "flow-stages", role: "list", "aria-label": "stages from reading to store" }, parts);
 }
 
 function table(id, headers, rows) {
-  return el(
+  return h(
     "div",
     { class: "table-wrap" },
-    el("table", { id, class: "compact" }, el("thead", {}, el("tr", {}, headers.map((x) => el("th", { text: x })))), el("tbody", {}, rows)),
+    h("table", { id, class: "compact" }, h("thead", {}, h("tr", {}, headers.map((x) => h("th", { text: x })))), h("tbody", {}, rows)),
   );
 }
 
 function panel(title, hint, body) {
-  return el("section", { class: "panel" }, el("header", {}, el("h2", { text: title }), hint ? el("span", { class: "hint", text: hint }) : null), body);
+  return h("section", { class: "panel" }, h("header", {}, h("h2", { text: title }), hint ? h("span", { class: "hint", text: hint }) : null), body);
 }
 
 function empty(text) {
-  return el("div", { class: "empty", text });
+  return h("div", { class: "empty", text });
 }
 
 function edgesPanel(report, now) {
   const rows = report.edges.map((e) =>
-    el(
+    h(
       "tr",
       { dataset: { edge: e.edge_id } },
-      el("td", { class: "mono", text: e.edge_id }),
-      el("td", { class: "num", text: rate(e.flow.readings_per_s) }),
-      el("td", { class: "num", text: rate(e.flow.windows_per_s) }),
-      el("td", { class: "num", text: rate(e.flow.predictions_per_s) }),
-      el("td", { class: "num", text: e.flow.scoring_ms_p50 === null ? "–" : `${num(e.flow.scoring_ms_p50, 2)} / ${num(e.flow.scoring_ms_p95, 2)} ms` }),
-      el("td", { class: "num", text: `${Math.round(e.flow.scoring_busy * 100)}%` }),
-      el("td", { class: "num", text: `${e.outbox_depth.toLocaleString("en")} (${num(e.outbox_lag_s, 0)} s)` }),
-      el("td", { class: "num", text: num(e.flow.cpu_s, 1) }),
-      el("td", {}, el("span", { class: `pill ${e.health}`, text: e.health }), " ", el("span", { class: "muted", text: age(e.heartbeat_at, now) })),
+      h("td", { class: "mono", text: e.edge_id }),
+      h("td", { class: "num", text: rate(e.flow.readings_per_s) }),
+      h("td", { class: "num", text: rate(e.flow.windows_per_s) }),
+      h("td", { class: "num", text: rate(e.flow.predictions_per_s) }),
+      h("td", { class: "num", text: e.flow.scoring_ms_p50 === null ? "–" : `${num(e.flow.scoring_ms_p50, 2)} / ${num(e.flow.scoring_ms_p95, 2)} ms` }),
+      h("td", { class: "num", text: `${Math.round(e.flow.scoring_busy * 100)}%` }),
+      h("td", { class: "num", text: `${e.outbox_depth.toLocaleString("en")} (${num(e.outbox_lag_s, 0)} s)` }),
+      h("td", { class: "num", text: num(e.flow.cpu_s, 1) }),
+      h("td", {}, h("span", { class: `pill ${e.health}`, text: e.health }), " ", h("span", { class: "muted", text: age(e.heartbeat_at, now) })),
     ),
   );
   return panel(
@@ -111,42 +111,42 @@ function edgesPanel(report, now) {
 
 function topicsPanel(report) {
   const rows = report.topics.map((t) =>
-    el(
+    h(
       "tr",
       { dataset: { topic: t.topic, lag: t.lag } },
-      el("td", { class: "mono", text: t.topic }),
-      el("td", { class: "num", text: t.lag.toLocaleString("en") }),
-      el("td", { class: "num", text: rate(t.produced_per_s) }),
-      el("td", { class: "num", text: `${t.committed.toLocaleString("en")} of ${t.end.toLocaleString("en")}` }),
-      el("td", { class: "num", text: t.last_produced_at ? formatTime(Date.parse(t.last_produced_at)) : "–" }),
+      h("td", { class: "mono", text: t.topic }),
+      h("td", { class: "num", text: t.lag.toLocaleString("en") }),
+      h("td", { class: "num", text: rate(t.produced_per_s) }),
+      h("td", { class: "num", text: `${t.committed.toLocaleString("en")} of ${t.end.toLocaleString("en")}` }),
+      h("td", { class: "num", text: t.last_produced_at ? formatTime(Date.parse(t.last_produced_at)) : "–" }),
     ),
   );
   return panel("Kafka topics", "lag of the ingest's consumer group", rows.length ? table("flow-topics", ["Topic", "Lag", "Arriving", "Ingested", "Newest record"], rows) : empty("Kafka could not be read."));
 }
 
 function pipelinePanel(report) {
-  const steps = report.pipeline_steps.map((s) => el("tr", { dataset: { step: s.name } }, el("td", { text: s.name }), el("td", { class: "num", text: s.elements.toLocaleString("en") }), el("td", { class: "num", text: rate(s.per_s) })));
+  const steps = report.pipeline_steps.map((s) => h("tr", { dataset: { step: s.name } }, h("td", { text: s.name }), h("td", { class: "num", text: s.elements.toLocaleString("en") }), h("td", { class: "num", text: rate(s.per_s) })));
   const st = report.store;
-  const rows = Object.entries(st.rows).map(([name, n]) => el("tr", {}, el("td", { class: "mono", text: name }), el("td", { class: "num", text: n.toLocaleString("en") })));
-  return el(
+  const rows = Object.entries(st.rows).map(([name, n]) => h("tr", {}, h("td", { class: "mono", text: name }), h("td", { class: "num", text: n.toLocaleString("en") })));
+  return h(
     "div",
     { class: "grid flow-two" },
     panel("Pipeline steps", `elements over the last ${report.window_s} s`, table("flow-steps", ["Step", "Elements", "Per second"], steps)),
     panel(
       "Store",
       st.last_run_at ? `last run ${formatTime(Date.parse(st.last_run_at))}` : "no run recorded",
-      el(
+      h(
         "div",
         {},
-        el(
+        h(
           "dl",
           { class: "flow-facts", id: "flow-store" },
-          el("dt", { text: "Writes" }),
-          el("dd", { class: "num", text: String(st.writes) }),
-          el("dt", { text: "Write latency" }),
-          el("dd", { class: "num", text: st.write_ms_mean === null ? "–" : `${num(st.write_ms_mean, 0)} ms mean, ${num(st.write_ms_max, 0)} ms max` }),
-          el("dt", { text: "Share of run time" }),
-          el("dd", { class: "num", text: st.write_share === null ? "–" : `${Math.round(st.write_share * 100)}%` }),
+          h("dt", { text: "Writes" }),
+          h("dd", { class: "num", text: String(st.writes) }),
+          h("dt", { text: "Write latency" }),
+          h("dd", { class: "num", text: st.write_ms_mean === null ? "–" : `${num(st.write_ms_mean, 0)} ms mean, ${num(st.write_ms_max, 0)} ms max` }),
+          h("dt", { text: "Share of run time" }),
+          h("dd", { class: "num", text: st.write_share === null ? "–" : `${Math.round(st.write_share * 100)}%` }),
         ),
         table("flow-rows", ["Table", "Rows"], rows),
       ),
@@ -156,20 +156,20 @@ function pipelinePanel(report) {
 
 function costPanel(report) {
   const rows = report.costs.map((c) =>
-    el(
+    h(
       "tr",
       { dataset: { part: c.part, source: c.energy_source } },
-      el("td", { text: c.part }),
-      el("td", { class: "num", dataset: { field: "cpu" }, text: c.cpu_s_per_1000 === null ? "–" : `${sig(c.cpu_s_per_1000)} s` }),
-      el("td", { class: "num", dataset: { field: "energy" }, text: c.energy_j_per_1000 === null ? "–" : `${sig(c.energy_j_per_1000)} J (${sig(c.energy_j_per_1000 / 3600)} Wh)` }),
-      el("td", { class: "num", text: `${sig(c.cpu_s)} CPU-s over ${c.predictions.toLocaleString("en")} ${c.per}` }),
-      el("td", { class: "muted", title: c.basis, text: c.energy_source === "rapl" ? "RAPL counters" : "power model" }),
+      h("td", { text: c.part }),
+      h("td", { class: "num", dataset: { field: "cpu" }, text: c.cpu_s_per_1000 === null ? "–" : `${sig(c.cpu_s_per_1000)} s` }),
+      h("td", { class: "num", dataset: { field: "energy" }, text: c.energy_j_per_1000 === null ? "–" : `${sig(c.energy_j_per_1000)} J (${sig(c.energy_j_per_1000 / 3600)} Wh)` }),
+      h("td", { class: "num", text: `${sig(c.cpu_s)} CPU-s over ${c.predictions.toLocaleString("en")} ${c.per}` }),
+      h("td", { class: "muted", title: c.basis, text: c.energy_source === "rapl" ? "RAPL counters" : "power model" }),
     ),
   );
-  return el(
+  return h(
     "section",
     { class: "panel", id: "flow-costs" },
-    el("header", {}, el("h2", { text: "Cost per 1,000 predictions" }), el("span", { class: "hint", text: `energy where not measured: ${report.energy_model}` })),
+    h("header", {}, h("h2", { text: "Cost per 1,000 predictions" }), h("span", { class: "hint", text: `energy where not measured: ${report.energy_model}` })),
     rows.length ? table("flow-cost-table", ["Part", "CPU", "Energy", "Measured over", "Energy from"], rows) : empty("Nothing measured yet."),
   );
 }
@@ -178,16 +178,16 @@ function costPanel(report) {
 export function renderFlow(report) {
   const now = Date.parse(report.at);
   const behind = report.bottleneck !== null;
-  return el(
+  return h(
     "div",
     { class: "flow-page" },
-    el("div", { class: "page-head" }, el("div", {}, el("h1", { text: "Dataflow" }), el("div", { class: "sub", text: `From reading to store; rates over the last ${report.window_s} s, as of ${formatTime(now)}.` }))),
-    el("div", { class: `flow-verdict ${behind ? "behind" : "ok"}`, id: "flow-verdict", role: "status", dataset: { bottleneck: report.bottleneck ?? "" }, text: report.verdict }),
+    h("div", { class: "page-head" }, h("div", {}, h("h1", { text: "Dataflow" }), h("div", { class: "sub", text: `From reading to store; rates over the last ${report.window_s} s, as of ${formatTime(now)}.` }))),
+    h("div", { class: `flow-verdict ${behind ? "behind" : "ok"}`, id: "flow-verdict", role: "status", dataset: { bottleneck: report.bottleneck ?? "" }, text: report.verdict }),
     diagram(report),
-    report.problems.length ? el("ul", { class: "banner flow-problems" }, report.problems.map((p) => el("li", { text: p }))) : null,
+    report.problems.length ? h("ul", { class: "banner flow-problems" }, report.problems.map((p) => h("li", { text: p }))) : null,
     edgesPanel(report, now),
-    el("div", { class: "grid flow-two" }, topicsPanel(report), costPanel(report)),
+    h("div", { class: "grid flow-two" }, topicsPanel(report), costPanel(report)),
     pipelinePanel(report),
-    el("p", { class: "muted flow-rule", id: "flow-rule" }, el("b", { text: "Bottleneck rule. " }), report.rule),
+    h("p", { class: "muted flow-rule", id: "flow-rule" }, h("b", { text: "Bottleneck rule. " }), report.rule),
   );
 }
