@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
+from api.app import DASHBOARD_DIR, create_app
 from api.settings import ApiSettings
 from contracts.settings import KafkaSettings
 from tests.fixtures_api import TOKEN, SimulatedStore, fill_store
@@ -270,6 +270,28 @@ def test_the_dashboard_is_served_with_every_asset_local(client: TestClient) -> N
         assert response.status_code == 200, asset
         external = re.findall(r"https?://[^\s\"')]+", response.text)
         assert all(url.startswith("http://www.w3.org/") for url in external), (asset, external)
+
+
+def test_every_dashboard_module_is_served_as_javascript_and_each_is_loaded(client: TestClient) -> None:
+    """A browser runs a module only with a JavaScript type (the dashboard is served with nosniff): every module
+    app.js reaches through its imports has one and loads nothing from elsewhere, and every module in the folder is
+    reached (none is left over)."""
+    imports = re.compile(r'^import .+ from "\./([\w-]+\.js)";$', re.MULTILINE)
+    reached: set[str] = set()
+    todo = ["app.js"]
+    while todo:
+        name = todo.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        response = client.get(f"/dashboard/{name}")
+        assert response.status_code == 200, name
+        assert "javascript" in response.headers["content-type"], (name, response.headers["content-type"])
+        assert "script-src 'self'" in response.headers["content-security-policy"], name
+        external = re.findall(r"https?://[^\s\"')]+", response.text)
+        assert all(url.startswith("http://www.w3.org/") for url in external), (name, external)
+        todo += imports.findall(response.text)
+    assert reached == {path.name for path in DASHBOARD_DIR.glob("*.js")}
 
 
 def test_serve_creates_a_private_token_file_once_and_refuses_bad_settings(tmp_path: Path) -> None:
