@@ -40,10 +40,22 @@ class PostgresConnection:
         translated = to_postgres(sql)
         cur = self.raw.cursor()
         bound = translated.bind(params or [])
-        for statement in translated.statements:
-            cur.execute(statement, bound or {}, prepare=False)
+        with self._schema_change(translated.statements):
+            for statement in translated.statements:
+                cur.execute(statement, bound or {}, prepare=False)
         self._cur = cur
         return self
+
+    @contextmanager
+    def _schema_change(self, statements: Sequence[str]) -> Iterator[None]:
+        """DDL one writer at a time: PostgreSQL's ``CREATE TABLE IF NOT EXISTS`` is no guard against another
+        session making the same table at the same moment (a unique violation in its catalog)."""
+        if not any(s.lstrip()[:6].upper() in ("CREATE", "ALTER ", "DROP T") for s in statements):
+            yield
+            return
+        with self.raw.transaction():
+            self.raw.execute("SELECT pg_advisory_xact_lock(%s)", [SCHEMA_LOCK_KEY])
+            yield
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> PostgresConnection:
         translated = to_postgres(sql)
@@ -80,7 +92,7 @@ class PostgresConnection:
 
 _SCHEMA_DONE: set[str] = set()
 _SCHEMA_GUARD = threading.Lock()
-_SCHEMA_LOCK_KEY = 0x5052_4543  # any fixed number: the advisory lock that serialises schema changes
+SCHEMA_LOCK_KEY = 0x5052_4543  # any fixed number: the advisory lock that serialises schema changes
 
 
 @contextmanager
@@ -105,7 +117,7 @@ def connect(url: str, *, schema: str | None, wait_s: float = 10.0) -> Iterator[P
         con = PostgresConnection(raw)
         if schema is not None and url not in _SCHEMA_DONE:
             with _SCHEMA_GUARD, raw.transaction():
-                raw.execute("SELECT pg_advisory_xact_lock(%s)", [_SCHEMA_LOCK_KEY])
+                raw.execute("SELECT pg_advisory_xact_lock(%s)", [SCHEMA_LOCK_KEY])
                 raw.execute(POSTGRES_FUNCTIONS)
                 con.execute(schema)
                 _SCHEMA_DONE.add(url)
