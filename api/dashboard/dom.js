@@ -1,5 +1,5 @@
-// Building the page: one element builder for HTML and one for SVG, the element every page draws into, and at most
-// one redraw per animation frame however many live events arrive.
+// Building the page: one element builder for HTML and one for SVG, the table every page lays its rows in, the element
+// every page draws into, and at most one redraw per animation frame however many live events arrive.
 
 const SVG_NS = "http://www.w3.org/2000/svg";
 
@@ -28,6 +28,15 @@ export function svg(tag, attrs = {}, ...children) {
   for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
   for (const child of children.flat()) if (child) node.appendChild(child);
   return node;
+}
+
+// A compact table in its scrolling wrapper: a heading per column and the given rows (tr elements).
+export function table(id, headings, rows) {
+  return h(
+    "div",
+    { class: "table-wrap" },
+    h("table", { id, class: "compact" }, h("thead", {}, h("tr", {}, headings.map((x) => h("th", { text: x })))), h("tbody", {}, rows)),
+  );
 }
 
 // The element each page replaces with its content.

@@ -3,7 +3,7 @@
 // while the page is open.
 
 import { formatTime } from "./chart.js";
-import { h, view } from "./dom.js";
+import { h, table, view } from "./dom.js";
 
 const REFRESH_MS = 5000;
 
@@ -68,14 +68,6 @@ function diagram(report) {
     parts.push(stageBox(stage));
   });
   return h("section", { class: "flow-diagram", id: "flow-stages", role: "list", "aria-label": "stages from reading to store" }, parts);
-}
-
-function table(id, headers, rows) {
-  return h(
-    "div",
-    { class: "table-wrap" },
-    h("table", { id, class: "compact" }, h("thead", {}, h("tr", {}, headers.map((x) => h("th", { text: x })))), h("tbody", {}, rows)),
-  );
 }
 
 function panel(title, hint, body) {

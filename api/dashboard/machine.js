@@ -2,7 +2,7 @@
 // alerts were raised; its sensors on the same time axis; its failures and recent events. New predictions arrive live.
 
 import { PALETTE, drawChart, formatTime } from "./chart.js";
-import { h, scheduleRender, view } from "./dom.js";
+import { h, scheduleRender, table, view } from "./dom.js";
 import { HOUR, ms, pct } from "./format.js";
 import { LEVEL_NAMES } from "./risk.js";
 
@@ -272,26 +272,17 @@ function failuresPanel(t) {
 }
 
 function failuresTable(failures) {
-  return h(
-    "div",
-    { class: "table-wrap" },
-    h(
-      "table",
-      { id: "failures-table", class: "compact" },
-      h("thead", {}, h("tr", {}, ["Failed", "Kind", "Lead time", "Peak"].map((x) => h("th", { text: x })))),
+  return table(
+    "failures-table",
+    ["Failed", "Kind", "Lead time", "Peak"],
+    failures.map((f) =>
       h(
-        "tbody",
+        "tr",
         {},
-        failures.map((f) =>
-          h(
-            "tr",
-            {},
-            h("td", { class: "num", text: formatTime(ms(f.failed_at)) }),
-            h("td", {}, h("span", { class: "kind", text: f.failure_kind })),
-            h("td", { class: "num" }, f.lead_time_h !== null ? h("b", { text: `${f.lead_time_h.toFixed(1)} h` }) : h("span", { class: "pill critical", text: "missed" })),
-            h("td", { class: "num", text: pct(f.peak_risk) }),
-          ),
-        ),
+        h("td", { class: "num", text: formatTime(ms(f.failed_at)) }),
+        h("td", {}, h("span", { class: "kind", text: f.failure_kind })),
+        h("td", { class: "num" }, f.lead_time_h !== null ? h("b", { text: `${f.lead_time_h.toFixed(1)} h` }) : h("span", { class: "pill critical", text: "missed" })),
+        h("td", { class: "num", text: pct(f.peak_risk) }),
       ),
     ),
   );

@@ -2,7 +2,7 @@
 // version is over time, and the calibration each signed artifact carries.
 
 import { PALETTE, drawChart, formatTime } from "./chart.js";
-import { h, svg, view } from "./dom.js";
+import { h, svg, table, view } from "./dom.js";
 import { ms, pct } from "./format.js";
 import { HttpError } from "./http.js";
 
@@ -129,15 +129,10 @@ function versionScores(known, quality) {
 }
 
 function scorecard(scores) {
-  return h(
-    "div",
-    { class: "table-wrap" },
-    h(
-      "table",
-      { id: "scorecard", class: "compact" },
-      h("thead", {}, h("tr", {}, ["Version", "Windows", "Precision", "Recall", "Failures caught", "Mean lead time"].map((x) => h("th", { text: x })))),
-      h("tbody", {}, scores.map((r) => h("tr", { dataset: { version: r.version } }, h("td", { class: "mono", text: r.version }), h("td", { class: "num", text: String(r.windows) }), h("td", { class: "num", text: pct(r.precision) }), h("td", { class: "num", text: pct(r.recall) }), h("td", { class: "num", text: `${r.caught} of ${r.failures}` }), h("td", { class: "num", text: r.lead === null ? "–" : `${r.lead.toFixed(1)} h` })))),
-    ),
+  return table(
+    "scorecard",
+    ["Version", "Windows", "Precision", "Recall", "Failures caught", "Mean lead time"],
+    scores.map((r) => h("tr", { dataset: { version: r.version } }, h("td", { class: "mono", text: r.version }), h("td", { class: "num", text: String(r.windows) }), h("td", { class: "num", text: pct(r.precision) }), h("td", { class: "num", text: pct(r.recall) }), h("td", { class: "num", text: `${r.caught} of ${r.failures}` }), h("td", { class: "num", text: r.lead === null ? "–" : `${r.lead.toFixed(1)} h` }))),
   );
 }
 
@@ -161,15 +156,10 @@ function versionsPanel(versions) {
     "section",
     { class: "panel" },
     h("header", {}, h("h2", { text: "Versions per edge" })),
-    h(
-      "div",
-      { class: "table-wrap" },
-      h(
-        "table",
-        { id: "versions-table", class: "compact" },
-        h("thead", {}, h("tr", {}, ["Edge", "Version", "Machines", "Last window"].map((x) => h("th", { text: x })))),
-        h("tbody", {}, versions.map((v) => h("tr", {}, h("td", { text: v.edge_id }), h("td", { class: "mono", text: v.model_version }), h("td", { class: "num", text: String(v.machines) }), h("td", { class: "num", text: formatTime(ms(v.last_window_end)) })))),
-      ),
+    table(
+      "versions-table",
+      ["Edge", "Version", "Machines", "Last window"],
+      versions.map((v) => h("tr", {}, h("td", { text: v.edge_id }), h("td", { class: "mono", text: v.model_version }), h("td", { class: "num", text: String(v.machines) }), h("td", { class: "num", text: formatTime(ms(v.last_window_end)) }))),
     ),
   );
 }
@@ -194,16 +184,7 @@ function calibrationSection(calibration) {
 }
 
 function calibrationTable(calibration) {
-  return h(
-    "div",
-    { class: "table-wrap" },
-    h(
-      "table",
-      { id: "calibration-table", class: "compact" },
-      h("thead", {}, h("tr", {}, ["Version", "Map", "a", "b", "Fitted on", "ECE raw → calibrated", "Brier raw → calibrated", "Reliability", "Why"].map((x) => h("th", { text: x })))),
-      h("tbody", {}, calibration.map(calibrationRow)),
-    ),
-  );
+  return table("calibration-table", ["Version", "Map", "a", "b", "Fitted on", "ECE raw → calibrated", "Brier raw → calibrated", "Reliability", "Why"], calibration.map(calibrationRow));
 }
 
 function calibrationRow(c) {
