@@ -99,6 +99,21 @@ SCHEMA_LOCK_KEY = 0x5052_4543  # any fixed number: the advisory lock that serial
 def connect(url: str, *, schema: str | None, wait_s: float = 10.0) -> Iterator[PostgresConnection]:
     """A connection in UTC that reads JSON as text (as DuckDB hands it over); with ``schema`` (the store's DDL) the
     tables are made first, once per process and database."""
+    raw = _open(url, wait_s)
+    try:
+        con = PostgresConnection(raw)
+        if schema is not None and url not in _SCHEMA_DONE:
+            with _SCHEMA_GUARD, raw.transaction():
+                raw.execute("SELECT pg_advisory_xact_lock(%s)", [SCHEMA_LOCK_KEY])
+                raw.execute(POSTGRES_FUNCTIONS)
+                con.execute(schema)
+                _SCHEMA_DONE.add(url)
+        yield con
+    finally:
+        raw.close()
+
+
+def _open(url: str, wait_s: float) -> psycopg.Connection[Any]:
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -110,20 +125,45 @@ def connect(url: str, *, schema: str | None, wait_s: float = 10.0) -> Iterator[P
                     f"prediction store {redact(url)} is unreachable: {_first_line(err, url)}"
                 ) from None
             time.sleep(0.2)
-    try:
-        for name in ("json", "jsonb"):
-            raw.adapters.register_loader(name, TextLoader)
-        raw.execute("SET TimeZone = 'UTC'")
-        con = PostgresConnection(raw)
-        if schema is not None and url not in _SCHEMA_DONE:
-            with _SCHEMA_GUARD, raw.transaction():
-                raw.execute("SELECT pg_advisory_xact_lock(%s)", [SCHEMA_LOCK_KEY])
-                raw.execute(POSTGRES_FUNCTIONS)
-                con.execute(schema)
-                _SCHEMA_DONE.add(url)
-        yield con
-    finally:
+    for name in ("json", "jsonb"):
+        raw.adapters.register_loader(name, TextLoader)
+    raw.execute("SET TimeZone = 'UTC'")
+    return raw
+
+
+class ReadPool:
+    """Read-only connections kept open for a long-running reader (the API): a new one costs more than most
+    questions (the password exchange alone is about 10 ms). One that failed mid-question is closed, not kept."""
+
+    def __init__(self, url: str, *, keep: int = 4) -> None:
+        self.url = url
+        self.keep = keep
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def connection(self, wait_s: float) -> Iterator[PostgresConnection]:
+        with self._lock:
+            raw = self._idle.pop() if self._idle else None
+        if raw is None or raw.closed:
+            raw = _open(self.url, wait_s)
+            raw.execute("SET default_transaction_read_only = on")
+        try:
+            yield PostgresConnection(raw)
+        except BaseException:
+            raw.close()
+            raise
+        with self._lock:
+            if len(self._idle) < self.keep and raw.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                self._idle.append(raw)
+                return
         raw.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for raw in idle:
+            raw.close()
 
 
 def _first_line(err: BaseException, url: str) -> str:

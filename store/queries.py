@@ -52,7 +52,8 @@ from contracts.formats import parse_timestamp
 from contracts.outcomes import ANY_FAILURE
 from contracts.versions import version_key
 from store.db import StoreBusy, connect
-from store.dialect import StoreLocation, is_postgres
+from store.dialect import StoreLocation, is_postgres, redact
+from store.postgres import ReadPool
 
 ELEVATED_LOOKBACK = timedelta(days=7)
 """How far back "at risk since" looks for the start of a machine's current run of risky windows."""
@@ -1085,6 +1086,7 @@ class StoreAttacher:
         self.path = Path(path)
         self.wait_s = wait_s
         self._base: duckdb.DuckDBPyConnection | None = None
+        self._read_pool: ReadPool | None = None
         self._lock = threading.Lock()
 
     def _instance(self) -> duckdb.DuckDBPyConnection:
@@ -1097,9 +1099,13 @@ class StoreAttacher:
 
     @contextmanager
     def reading(self) -> Iterator[StoreReader]:
-        if is_postgres(self.location):  # a server answers many readers itself: a connection per question
-            with reading(self.location, wait_s=self.wait_s) as store:
-                yield store
+        if is_postgres(self.location):  # the server answers many readers itself; connections are kept open
+            with self._pool().connection(self.wait_s) as con:
+                if con.execute("SELECT to_regclass('predictions')").fetchone() == (None,):
+                    raise FileNotFoundError(
+                        f"no prediction store in {redact(self.location)}: run `precursor pipeline run` first"
+                    )
+                yield StoreReader(con)  # type: ignore[arg-type]  # the calls StoreReader makes of a connection
             return
         if not self.path.exists():
             raise FileNotFoundError(f"no prediction store at {self.path}: run `precursor pipeline run` first")
@@ -1130,12 +1136,22 @@ class StoreAttacher:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.2)
 
+    def _pool(self) -> ReadPool:
+        with self._lock:
+            if self._read_pool is None:
+                self._read_pool = ReadPool(str(self.location))
+            return self._read_pool
+
     def close(self) -> None:
-        """Stop the in-memory instance; the next :meth:`reading` starts a new one."""
+        """Stop the in-memory instance (close the kept PostgreSQL connections); the next :meth:`reading` starts
+        anew."""
         with self._lock:
             base, self._base = self._base, None
+            pool, self._read_pool = self._read_pool, None
         if base is not None:
             base.close()
+        if pool is not None:
+            pool.close()
 
 
 def at_risk(path: str | Path, *, limit: int = 10, since: datetime | None = None) -> list[dict[str, Any]]:
