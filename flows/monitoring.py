@@ -46,39 +46,47 @@ def _has_rows(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     return bool(row and row[0])
 
 
-def read_quality(store: Path) -> QualityReading | None:
-    """The newest monitoring figures of the model version that predicted most recently; None before any."""
-    if not store.is_file():
+def read_quality(store: Path | str) -> QualityReading | None:
+    """The newest monitoring figures of the model version that predicted most recently; None before any. ``store``:
+    a DuckDB file or a PostgreSQL URL."""
+    if isinstance(store, Path) and not store.is_file():
         return None
-    with connect(store, read_only=True) as con:
-        if not _has_rows(con, "model_metrics"):
-            return None
-        newest = con.execute(
+    try:
+        with connect(store, read_only=True) as con:
+            return _read_quality(con)
+    except FileNotFoundError:  # a PostgreSQL database without the store's tables yet
+        return None
+
+
+def _read_quality(con: duckdb.DuckDBPyConnection) -> QualityReading | None:
+    if not _has_rows(con, "model_metrics"):
+        return None
+    newest = con.execute(
+        """
+        WITH latest AS (
+            SELECT model_version, window_end - window_start AS span FROM model_metrics WHERE kind = ?
+            ORDER BY window_end DESC, examples DESC, model_version DESC LIMIT 1
+        )
+        SELECT m.model_version, m.window_start, m.window_end, m.recall, m.precision, m.failures
+        FROM model_metrics AS m JOIN latest USING (model_version)
+        WHERE m.kind = ? AND m.window_end > (SELECT max(window_end) FROM model_metrics) - latest.span
+        ORDER BY m.examples DESC, m.window_end DESC LIMIT 1
+        """,
+        [ANY_FAILURE, ANY_FAILURE],
+    ).fetchone()
+    if newest is None:
+        return None
+    version, start, end, recall, precision, failures = newest
+    drift = None
+    if _has_rows(con, "drift"):
+        drift = con.execute(
             """
-            WITH latest AS (
-                SELECT model_version, window_end - window_start AS span FROM model_metrics WHERE kind = ?
-                ORDER BY window_end DESC, examples DESC, model_version DESC LIMIT 1
-            )
-            SELECT m.model_version, m.window_start, m.window_end, m.recall, m.precision, m.failures
-            FROM model_metrics AS m JOIN latest USING (model_version)
-            WHERE m.kind = ? AND m.window_end > (SELECT max(window_end) FROM model_metrics) - latest.span
-            ORDER BY m.examples DESC, m.window_end DESC LIMIT 1
+            SELECT psi, feature FROM drift
+            WHERE model_version IN (?, ?) AND window_end = ?
+            ORDER BY psi DESC LIMIT 1
             """,
-            [ANY_FAILURE, ANY_FAILURE],
+            [version, FLEET, end],
         ).fetchone()
-        if newest is None:
-            return None
-        version, start, end, recall, precision, failures = newest
-        drift = None
-        if _has_rows(con, "drift"):
-            drift = con.execute(
-                """
-                SELECT psi, feature FROM drift
-                WHERE model_version IN (?, ?) AND window_end = ?
-                ORDER BY psi DESC LIMIT 1
-                """,
-                [version, FLEET, end],
-            ).fetchone()
     return QualityReading(
         model_version=str(version),
         window_start=start,

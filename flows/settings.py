@@ -35,7 +35,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from contracts.durations import Duration
 from contracts.messages import Identifier
 from contracts.object_store import Location, ObjectStoreSettings
-from contracts.settings import KafkaSettings, PrecursorSettings
+from contracts.settings import KafkaSettings, PrecursorSettings, StoreLocation
 from models.registry import DEFAULT_MODEL_NAME
 from models.train import TrainSettings
 
@@ -175,9 +175,10 @@ class DriftCheckSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="PRECURSOR_DRIFT_", env_nested_delimiter="__", extra="forbid")
 
-    store: Path = Field(
+    store: StoreLocation = Field(
         default_factory=lambda: PrecursorSettings().store_path,
-        description="the prediction store the monitoring writes to (PRECURSOR_STORE, else in the state folder)",
+        description="the prediction store the monitoring writes to (a file or postgresql:// URL; PRECURSOR_STORE_URL "
+        "or PRECURSOR_STORE, else in the state folder)",
     )
     min_recall: Annotated[float, Field(ge=0, le=1)] = Field(0.5, description="retrain when recall falls below this")
     max_drift: Annotated[float, Field(gt=0)] = Field(

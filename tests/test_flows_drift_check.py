@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pytest
@@ -18,7 +19,10 @@ from pipelines.monitoring import DriftMeasure, WindowMetrics
 from precursor.flows_cli import flows_app
 from store import PredictionStore, connect
 
-pytest_plugins = ["tests.fixtures_prefect"]
+if TYPE_CHECKING:
+    from tests.fixtures_postgres import NewStore
+
+pytest_plugins = ["tests.fixtures_prefect", "tests.fixtures_postgres"]
 
 DAY = timedelta(days=1)
 T0 = datetime(2026, 3, 1, tzinfo=UTC)
@@ -45,7 +49,7 @@ def metric(version: str, start_day: int, *, examples: int, recall: float | None,
     )
 
 
-def write_store(path: Path, metrics: list[WindowMetrics], drift: list[DriftMeasure]) -> None:
+def write_store(path: Path | str, metrics: list[WindowMetrics], drift: list[DriftMeasure]) -> None:
     now = datetime.now(UTC)
     store = PredictionStore(path)
     store.insert_table("model_metrics", pa.Table.from_pylist([asdict(m) | {"computed_at": now} for m in metrics]))
@@ -66,8 +70,8 @@ def drift(version: str, start_day: int, psi: float, feature: str = "events") -> 
     )
 
 
-def test_the_newest_full_window_of_the_newest_version_is_read(tmp_path: Path) -> None:
-    store = tmp_path / "store.duckdb"
+def test_the_newest_full_window_of_the_newest_version_is_read(new_store: NewStore) -> None:
+    store = new_store("quality")
     write_store(
         store,
         [
@@ -85,12 +89,13 @@ def test_the_newest_full_window_of_the_newest_version_is_read(tmp_path: Path) ->
     assert (reading.drift, reading.drift_feature) == (0.6, "events")  # the fleet's input drift in the same window
 
 
-def test_no_store_or_no_figures_yet_reads_as_none(tmp_path: Path) -> None:
-    assert read_quality(tmp_path / "absent.duckdb") is None
-    with connect(tmp_path / "empty.duckdb"):
+def test_no_store_or_no_figures_yet_reads_as_none(new_store: NewStore) -> None:
+    assert read_quality(new_store("absent")) is None  # no file; a database without the tables
+    empty = new_store("empty")
+    with connect(empty):
         pass  # the schema, with no rows yet
-    assert (tmp_path / "empty.duckdb").is_file()
-    assert read_quality(tmp_path / "empty.duckdb") is None
+    assert not isinstance(empty, Path) or empty.is_file()
+    assert read_quality(empty) is None
 
 
 def test_recall_triggers_only_over_enough_failures_and_drift_names_its_feature() -> None:
