@@ -11,8 +11,10 @@ the same alerts. The engine is ``local`` by default; see :mod:`pipelines.engines
 
 from __future__ import annotations
 
+import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,8 +129,9 @@ def run_once(
         _ = pipeline | "IngestTelemetrySummaries" >> IngestTelemetrySummaries(
             telemetry_ranges, settings, path, regroup=regroup
         )
-    result = pipeline.run()
-    result.wait_until_finish()
+    with _fewer_young_collections():
+        result = pipeline.run()
+        result.wait_until_finish()
 
     c = counters(result, NAMESPACE)
     kinds = ("Prediction", "EdgeEvent")
@@ -156,6 +159,20 @@ def run_once(
     )
     report.seconds = time.monotonic() - started
     return report
+
+
+@contextmanager
+def _fewer_young_collections(threshold: int = 100_000) -> Iterator[None]:
+    """Python's cycle collector runs less often while the pipeline runs. The local runner holds a snapshot's records
+    in this process as many small tuples that form no cycles; at the default threshold (700 allocations) the collector
+    kept scanning them, a sixth of ingest's CPU. Reference counting frees them as always; the old threshold is back
+    after the run."""
+    before = gc.get_threshold()
+    gc.set_threshold(max(threshold, before[0]), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 def _opt_in_ranges(
