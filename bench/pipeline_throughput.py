@@ -13,13 +13,21 @@ shared machine it says how far to trust them.
 
 With ``--flink-cluster N``, ``flink`` runs on a local Flink cluster of N task managers started for the run
 (``precursor flink up``; ingest in streaming mode, parallelism N) instead of the job server's embedded mini-cluster.
+
+Ingest against the raw consumer: before any pipeline runs, kafka-python reads the same predictions straight off the
+topic (no parsing, nothing stored), and the local ingest is set beside it, by wall clock and per CPU-second of this
+process (the local runner runs in it; the broker's CPU is counted in neither). ``--before DIR`` also runs the local
+ingest of another checkout (``git worktree add DIR <commit>``) over the same records in the same run, for a
+before/after figure on a shared machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +41,7 @@ from kafka import KafkaProducer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kafka_throughput import predictions, reachable_broker
+from kafka_throughput import consume, predictions, reachable_broker
 
 from contracts.messages import EdgeEvent, encode
 from contracts.settings import KafkaSettings
@@ -56,6 +64,11 @@ def failure_events(count: int) -> list[tuple[bytes, bytes]]:
     return events
 
 
+RAW = "raw consume, kafka-python (no parsing)"
+LOCAL_INGEST = "ingest, local: all new"
+BEFORE = "ingest, local, before"
+
+
 def fill(settings: KafkaSettings, count: int) -> None:
     producer = KafkaProducer(**settings.client_kwargs(), acks="all", linger_ms=20, batch_size=256 * 1024)
     for key, value in predictions(count):
@@ -66,10 +79,36 @@ def fill(settings: KafkaSettings, count: int) -> None:
     producer.close()
 
 
-def timed(label: str, count: int, work: object) -> tuple[str, int, float]:
-    started = time.perf_counter()
+def timed(label: str, count: int, work: object) -> tuple[str, int, float, float]:
+    """``(label, count, wall seconds, CPU seconds of this process)``."""
+    started, cpu = time.perf_counter(), time.process_time()
     work()  # type: ignore[operator]
-    return label, count, time.perf_counter() - started
+    return label, count, time.perf_counter() - started, time.process_time() - cpu
+
+
+_BEFORE = """
+import json, sys, tempfile, time
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from contracts.settings import KafkaSettings
+from pipelines.run import run_once
+settings = KafkaSettings.model_validate_json(sys.argv[2])
+with tempfile.TemporaryDirectory() as folder:
+    started, cpu = time.perf_counter(), time.process_time()
+    report = run_once(settings, Path(folder) / "before.duckdb", from_beginning=True)
+    print(json.dumps([time.perf_counter() - started, time.process_time() - cpu, report.stored]))
+"""
+
+
+def ingest_before(tree: Path, settings: KafkaSettings) -> tuple[float, float, int]:
+    """Wall and CPU seconds of the local ingest of the checkout at ``tree``, in a process of its own (imports not
+    timed), and how many records it stored."""
+    done = subprocess.run(
+        [sys.executable, "-c", _BEFORE, str(tree), settings.model_dump_json()],
+        capture_output=True, text=True, check=True, cwd=tree,
+    )  # fmt: skip
+    wall, cpu, stored = json.loads(done.stdout.strip().splitlines()[-1])
+    return wall, cpu, stored
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -77,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--engines", default="local,prism,flink", help=f"comma-separated, of {', '.join(ENGINES)}")
     parser.add_argument("--flink-cluster", type=int, default=0, metavar="N", help="run flink on N task managers")
+    parser.add_argument("--before", type=Path, metavar="DIR", help="also time the local ingest of the checkout in DIR")
     args = parser.parse_args(argv)
     with ExitStack() as stack:
         engine_settings = EngineSettings()
@@ -136,7 +176,7 @@ def measure(args: argparse.Namespace, engine_settings: EngineSettings, flink_arg
             available.append(name)
         except EngineError as err:
             missing[name] = str(err)
-    rows: list[tuple[str, int, float]] = []
+    rows: list[tuple[str, int, float, float]] = []
     load_before = os.getloadavg()[0]
     with reachable_broker(KafkaSettings()) as (base, where):
         settings = base.model_copy(update={"topic_prefix": f"bench{uuid.uuid4().hex[:6]}"})
@@ -144,6 +184,13 @@ def measure(args: argparse.Namespace, engine_settings: EngineSettings, flink_arg
         ensure_topics(settings, specs)
         try:
             fill(settings, args.messages)
+            partitions = next(s.partitions for s in specs if s.name == settings.topics.predictions)
+            rows.append(timed(RAW, args.messages, lambda: consume(settings, settings.topics.predictions, partitions,
+                                                                  args.messages)))  # fmt: skip
+            if args.before:
+                wall, cpu, stored = ingest_before(args.before, settings)
+                assert stored == args.messages + len(failure_events(args.messages)), stored
+                rows.append((f"{BEFORE}: all new", args.messages, wall, cpu))
             with tempfile.TemporaryDirectory() as folder:
                 for name in available:
                     store = Path(folder) / f"{name}.duckdb"
@@ -174,9 +221,21 @@ def measure(args: argparse.Namespace, engine_settings: EngineSettings, flink_arg
                 admin.delete_topics([s.name for s in specs], raise_errors=False)
     print(f"broker: {where}")
     print(f"load average (1 min): {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
-    print(f"{'run':<40}{'predictions':>12}{'seconds':>10}{'predictions/s':>16}")
-    for label, count, seconds in rows:
-        print(f"{label:<40}{count:>12}{seconds:>10.2f}{count / seconds:>16,.0f}")
+    print(f"{'run':<42}{'predictions':>12}{'seconds':>10}{'predictions/s':>16}{'CPU s':>8}{'per CPU s':>12}")
+    for label, count, seconds, cpu in rows:
+        # Other engines work in processes of their own: this process's CPU says nothing about them.
+        own = label == RAW or ", local" in label
+        per_cpu = f"{cpu:>8.2f}{count / cpu:>12,.0f}" if own and cpu > 0 else ""
+        print(f"{label:<42}{count:>12}{seconds:>10.2f}{count / seconds:>16,.0f}{per_cpu}")
+    rates = {label: (count / seconds, count / cpu if cpu > 0 else 0.0) for label, count, seconds, cpu in rows}
+    if RAW in rates and LOCAL_INGEST in rates:
+        (raw_wall, raw_cpu), (wall, cpu) = rates[RAW], rates[LOCAL_INGEST]
+        print(f"local ingest / raw consume: {wall / raw_wall:.1%} by wall clock, {cpu / raw_cpu:.1%} per CPU-second")
+        before = next((r for label, r in rates.items() if label.startswith(BEFORE)), None)
+        if before:
+            print(f"local ingest against before: {wall / before[0]:.2f}x by wall clock, "
+                  f"{cpu / before[1]:.2f}x per CPU-second; before / raw consume: {before[0] / raw_wall:.1%} by wall "
+                  f"clock, {before[1] / raw_cpu:.1%} per CPU-second")  # fmt: skip
     for name, why in missing.items():
         print(f"{name}: not measured: {why}")
 
