@@ -6,9 +6,9 @@ The live tail is left out: it is an endless stream by design, tested against the
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import schemathesis
@@ -26,17 +26,23 @@ from api.app import create_app
 from api.settings import ApiSettings
 from contracts.settings import KafkaSettings
 from tests.fixtures_api import TOKEN, SimulatedStore, fill_store, serving
+from tests.fixtures_store import store_digest
+
+if TYPE_CHECKING:
+    from tests.fixtures_postgres import NewStore
+
+pytest_plugins = ["tests.fixtures_postgres"]
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
 @pytest.fixture(scope="module")
-def fuzzed_store(tmp_path_factory: pytest.TempPathFactory) -> SimulatedStore:
-    return fill_store(tmp_path_factory.mktemp("fuzz") / "store.duckdb", machines=6, days=3)
+def fuzzed_store(new_store: NewStore) -> SimulatedStore:
+    return fill_store(new_store("fuzz"), machines=6, days=3)
 
 
-def _app(store_path: Path) -> FastAPI:
+def _app(store_path: Path | str) -> FastAPI:
     return create_app(
         ApiSettings(tokens=TOKEN, store=store_path, sql_timeout_s=1.0),
         KafkaSettings(bootstrap_servers="127.0.0.1:9"),
@@ -68,7 +74,7 @@ def test_no_generated_request_makes_the_api_fail(
 ) -> None:
     base, schema = served
     operation = schema[path][method]
-    before = hashlib.sha256(fuzzed_store.path.read_bytes()).hexdigest()
+    before = store_digest(fuzzed_store.path)
 
     @given(case=operation.as_strategy(GenerationMode.POSITIVE) | operation.as_strategy(GenerationMode.NEGATIVE))
     @settings(
@@ -83,4 +89,4 @@ def test_no_generated_request_makes_the_api_fail(
         case.validate_response(response, checks=CHECKS)
 
     fuzz()
-    assert hashlib.sha256(fuzzed_store.path.read_bytes()).hexdigest() == before
+    assert store_digest(fuzzed_store.path) == before
