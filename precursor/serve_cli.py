@@ -66,7 +66,7 @@ def serve_command(
         app = create_app(settings, KafkaSettings())
     except (ValidationError, ValueError) as err:
         raise fail(str(err)) from None
-    from store.dialect import redact
+    from store.location import redact
 
     typer.echo(
         f"dashboard: http://{settings.host}:{settings.port}/dashboard/  API: /api/v1  "

@@ -25,9 +25,8 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from store import postgres
-from store.dialect import StoreLocation, is_postgres, redact
 from store.errors import StoreBusy
+from store.location import StoreLocation, is_postgres, redact
 
 HEARTBEATS_TABLE = """
 -- trust: verified, unsigned or forged (pipelines.edge_trust). It is part of the key, so a forged heartbeat that
@@ -254,6 +253,8 @@ def connect(
     ``postgresql://`` URL opens that database instead (:mod:`store.postgres`; its connection answers the same calls).
     """
     if is_postgres(path):
+        from store import postgres  # psycopg and sqlglot: only for a PostgreSQL store
+
         with postgres.connect(str(path), schema=None if read_only else SCHEMA, wait_s=wait_s) as pg:
             if read_only and pg.execute("SELECT to_regclass('predictions')").fetchone() == (None,):
                 raise FileNotFoundError(f"no prediction store in {redact(path)}: run `precursor pipeline run` first")
@@ -352,6 +353,8 @@ class PredictionStore:
         if batch.num_rows == 0:
             return 0
         if is_postgres(self.location):
+            from store import postgres
+
             with connect(self.location) as pg:
                 after = LATEST_PREDICTIONS_UPSERT if table == "predictions" else None
                 return postgres.insert_table(pg, table, batch, replace=replace, after=after)  # type: ignore[arg-type]

@@ -6,8 +6,6 @@ small SQL functions (:data:`POSTGRES_FUNCTIONS`), so the query texts stay as the
 
 >>> print(to_postgres("SELECT a, arg_max(b, c) FROM t WHERE x = ? GROUP BY ALL").text)
 SELECT a, (ARRAY_AGG(b ORDER BY c DESC NULLS LAST) FILTER(WHERE NOT c IS NULL))[1] FROM t WHERE x = %(p1)s GROUP BY a
->>> redact("postgresql://precursor:hunter2@db:5432/store")
-'postgresql://precursor:***@db:5432/store'
 """
 
 from __future__ import annotations
@@ -15,35 +13,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import sqlglot
 from sqlglot import exp
-
-POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-
-StoreLocation = str | Path
-"""A DuckDB file (a path) or a PostgreSQL server (a ``postgresql://`` URL)."""
-
-
-def is_postgres(location: StoreLocation) -> bool:
-    """Whether ``location`` names a PostgreSQL database rather than a DuckDB file."""
-    return isinstance(location, str) and location.startswith(POSTGRES_SCHEMES)
-
-
-def redact(location: StoreLocation) -> str:
-    """The location as it may be shown or logged: a URL's password replaced by ``***``."""
-    text = str(location)
-    if not is_postgres(text):
-        return text
-    parts = urlsplit(text)
-    if parts.password is None:
-        return text
-    netloc = parts.netloc.rsplit("@", 1)
-    user = netloc[0].split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
-
 
 # DuckDB functions the store's queries use that PostgreSQL has not, with DuckDB's meaning. time_bucket becomes
 # date_bin (sqlglot's translation) without an origin; DuckDB's default origin for sub-month widths is 2000-01-03.

@@ -25,8 +25,9 @@ from psycopg import errors
 from psycopg.types.string import TextLoader
 from pyarrow import csv
 
-from store.dialect import POSTGRES_FUNCTIONS, redact, to_postgres
+from store.dialect import POSTGRES_FUNCTIONS, to_postgres
 from store.errors import StoreUnreachable
+from store.location import redact
 
 
 class PostgresConnection:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -41,10 +42,6 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import duckdb
-from psycopg import Error as PostgresError
-from psycopg import OperationalError as PostgresTrouble
-from psycopg.errors import QueryCanceled
-from sqlglot.errors import SqlglotError
 
 from contracts.alerting import DEFAULT_THRESHOLD, AlertRule
 from contracts.durations import parse_duration
@@ -52,8 +49,7 @@ from contracts.formats import parse_timestamp
 from contracts.outcomes import ANY_FAILURE
 from contracts.versions import version_key
 from store.db import StoreBusy, connect
-from store.dialect import StoreLocation, is_postgres, redact
-from store.postgres import ReadPool
+from store.location import StoreLocation, is_postgres, redact
 
 ELEVATED_LOOKBACK = timedelta(days=7)
 """How far back "at risk since" looks for the start of a machine's current run of risky windows."""
@@ -957,17 +953,18 @@ class StoreReader:
         check_read_only_sql(text)
         if not 1 <= limit <= MAX_SQL_ROWS:
             raise SqlRejected(f"limit={limit} must be between 1 and {MAX_SQL_ROWS}")
+        interrupted, trouble, failed = _error_kinds(self.con)
         timer = threading.Timer(timeout_s, self.con.interrupt)
         started = datetime.now(UTC)
         timer.start()
         try:
             cur = self.con.execute(text)
             fetched = _fetch_within(cur, limit + 1, max_bytes)
-        except (duckdb.InterruptException, QueryCanceled):
+        except interrupted:
             raise SqlRejected(f"the query ran longer than the {timeout_s:g} s limit and was stopped") from None
-        except (duckdb.IOException, duckdb.ConnectionException, duckdb.FatalException, PostgresTrouble):
+        except trouble:
             raise  # the store itself is in trouble, not the statement
-        except (duckdb.Error, PostgresError, SqlglotError, ValueError) as err:
+        except failed as err:
             # Parser, binder, catalog, conversion, out-of-range, permission (files, network) and the like: all say
             # what is wrong with the statement, so the caller gets DuckDB's own first line.
             raise SqlRejected(_first_line(err)) from None
@@ -1005,6 +1002,22 @@ class StoreReader:
         for row in rows:
             row.pop("total", None)
         return Page(rows, total, limit, offset)
+
+
+def _error_kinds(con: object) -> tuple[tuple[type[BaseException], ...], ...]:
+    """What ``con`` raises for a statement that was stopped, for a store in trouble, and for a statement at fault."""
+    interrupted: tuple[type[BaseException], ...] = (duckdb.InterruptException,)
+    trouble: tuple[type[BaseException], ...] = (duckdb.IOException, duckdb.ConnectionException, duckdb.FatalException)
+    failed: tuple[type[BaseException], ...] = (duckdb.Error,)
+    postgres = sys.modules.get("store.postgres")  # not loaded: no PostgreSQL connection can exist
+    if postgres is not None and isinstance(con, postgres.PostgresConnection):
+        import psycopg
+        from sqlglot.errors import SqlglotError
+
+        interrupted += (psycopg.errors.QueryCanceled,)
+        trouble += (psycopg.OperationalError,)
+        failed += (psycopg.Error, SqlglotError, ValueError)  # ValueError: a text the dialect cannot translate
+    return interrupted, trouble, failed
 
 
 _STATEMENT_NAME = re.compile(r"^StatementType\.")
@@ -1086,7 +1099,7 @@ class StoreAttacher:
         self.path = Path(path)
         self.wait_s = wait_s
         self._base: duckdb.DuckDBPyConnection | None = None
-        self._read_pool: ReadPool | None = None
+        self._read_pool: Any = None  # store.postgres.ReadPool, made on first use
         self._lock = threading.Lock()
 
     def _instance(self) -> duckdb.DuckDBPyConnection:
@@ -1136,7 +1149,9 @@ class StoreAttacher:
                 time.sleep(delay)
                 delay = min(delay * 2, 0.2)
 
-    def _pool(self) -> ReadPool:
+    def _pool(self) -> Any:
+        from store.postgres import ReadPool  # psycopg and sqlglot: only for a PostgreSQL store
+
         with self._lock:
             if self._read_pool is None:
                 self._read_pool = ReadPool(str(self.location))
