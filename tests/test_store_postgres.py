@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import uuid
 from pathlib import Path
@@ -168,5 +169,7 @@ def test_store_up_status_down(tmp_path_factory: pytest.TempPathFactory, monkeypa
         assert status.exit_code == 0 and url in status.output
     finally:
         down = runner.invoke(store_app, ["down", "--state-dir", str(state)])
+        stopped = runner.invoke(store_app, ["status", "--state-dir", str(state)])
+        shutil.rmtree(state, ignore_errors=True)
     assert down.exit_code == 0, down.output
-    assert runner.invoke(store_app, ["status", "--state-dir", str(state)]).exit_code == 1
+    assert stopped.exit_code == 1
