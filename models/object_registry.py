@@ -101,12 +101,7 @@ class ObjectStoreRegistry(ModelRegistry):
         """Upload a signed artifact as a new version (its manifest last), then download and verify what landed.
         Refuses tampered or unsigned artifacts and versions already published."""
         artifact_dir = Path(artifact_dir)
-        manifest = verify_artifact(artifact_dir, self.trusted_keys)
-        if manifest.model_name != self.model_name:
-            raise ArtifactError(
-                f"artifact {artifact_dir} is model_name={manifest.model_name!r}; "
-                f"this registry holds {self.model_name!r}"
-            )
+        manifest = self._verified_for_publishing(artifact_dir)
         self._version_dir(manifest.version)
         remote = self._remote(manifest.version)
         present = self._fs.find(remote)

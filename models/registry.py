@@ -525,15 +525,20 @@ class ModelRegistry:
             f.write(data)
         os.replace(temp, self.model_dir / name)
 
-    def publish(self, artifact_dir: Path | str) -> RegistryEntry:
-        """Copy a signed artifact in as a new version. Refuses tampered or unsigned artifacts and existing versions."""
-        artifact_dir = Path(artifact_dir)
+    def _verified_for_publishing(self, artifact_dir: Path) -> ArtifactManifest:
+        """The artifact's manifest, once its signature and files check out and it is of this registry's model."""
         manifest = verify_artifact(artifact_dir, self.trusted_keys)
         if manifest.model_name != self.model_name:
             raise ArtifactError(
                 f"artifact {artifact_dir} is model_name={manifest.model_name!r}; "
                 f"this registry holds {self.model_name!r}"
             )
+        return manifest
+
+    def publish(self, artifact_dir: Path | str) -> RegistryEntry:
+        """Copy a signed artifact in as a new version. Refuses tampered or unsigned artifacts and existing versions."""
+        artifact_dir = Path(artifact_dir)
+        manifest = self._verified_for_publishing(artifact_dir)
         destination = self._version_dir(manifest.version)
         if destination.exists():
             raise FileExistsError(f"{self.model_name} version {manifest.version} is already published at {destination}")
