@@ -22,7 +22,7 @@ from pipelines.run import run_once
 from pipelines.settings import PipelineSettings
 from store import connect
 from tests.fixtures_api import TOKEN, serving
-from tests.test_dashboard_browser import browser, read, wait_for  # noqa: F401 (a fixture)
+from tests.fixtures_browser import browser, read, wait_for  # noqa: F401 (a fixture)
 from tests.test_pipeline_alerts import consumed_alerts, produce
 from tests.test_pipeline_labeling import T0
 

@@ -1,33 +1,19 @@
 """The dashboard in headless Chromium against a store filled by the simulator and the real broker: it shows the same
-machines at risk as the API, a new prediction arrives live, and screenshots are kept as test artifacts.
-
-Needs Debian's ``chromium`` and ``chromium-driver`` (installed by the setup script). Screenshots go to
-``$PRECURSOR_TEST_ARTIFACTS`` (default ``.state/test-artifacts``).
+machines at risk as the API, a new prediction arrives live, and screenshots are kept as test artifacts (the browser
+and its helpers: tests/fixtures_browser.py).
 """
 
 from __future__ import annotations
 
-import base64
-import os
-import shutil
 import time
-from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pyarrow as pa
 import pytest
 from kafka import KafkaProducer
 from selenium import webdriver
-from selenium.common.exceptions import (
-    ElementClickInterceptedException,
-    NoSuchElementException,
-    StaleElementReferenceException,
-)
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 from api.app import create_app
@@ -35,56 +21,12 @@ from api.settings import ApiSettings
 from contracts.messages import Prediction, encode
 from contracts.settings import KafkaSettings
 from store import PredictionStore, connect
-from tests.conftest import REPO_ROOT
 from tests.fixtures_api import TOKEN, SimulatedStore, fill_store, serving
+from tests.fixtures_browser import browser, click, read, screenshot, wait_for  # noqa: F401 (browser: a fixture)
 
 pytestmark = pytest.mark.integration
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-ARTIFACTS = Path(os.environ.get("PRECURSOR_TEST_ARTIFACTS", REPO_ROOT / ".state" / "test-artifacts"))
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.05)
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
-    assert Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists(), (
-        "the browser test needs Debian's chromium and chromium-driver packages "
-        "(apt-get install chromium chromium-driver)"
-    )
-    options = Options()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-        "--window-size=1440,1100",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 @pytest.fixture
@@ -102,68 +44,14 @@ def flag_edges(sim: SimulatedStore) -> None:
         con.execute("UPDATE heartbeats SET model_known = false WHERE edge_id = 'edge-b'")
 
 
-def read(driver: webdriver.Chrome, selector: str, *attributes: str) -> list[list[str]]:
-    """Attributes of every element a selector matches, read in one step (the page re-renders as events arrive)."""
-    return driver.execute_script(
-        "return [...document.querySelectorAll(arguments[0])].map(e => arguments[1].map(a => e.getAttribute(a)))",
-        selector,
-        list(attributes),
-    )
-
-
-def click(driver: webdriver.Chrome, what: str, xpath: str) -> None:
-    """Clicks the element an XPath finds, finding it again if the page re-rendered it in between (a live event
-    redraws the page, which leaves a found element stale) or if something still covered it."""
-
-    def attempt() -> bool:
-        try:
-            element = driver.find_element(By.XPATH, xpath)
-            driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
-            element.click()
-        except (StaleElementReferenceException, ElementClickInterceptedException, NoSuchElementException):
-            return False
-        return True
-
-    wait_for(what, attempt)
-
-
 def table_rows(driver: webdriver.Chrome) -> list[tuple[str, float]]:
     return [(m, float(r)) for m, r in read(driver, "#fleet-table tbody tr", "data-machine", "data-risk")]
 
 
-def screenshot(driver: webdriver.Chrome, name: str) -> Path:
-    """The whole page, not just the window, as a PNG under the artifacts folder."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
-    height = min(int(size["height"]) + 1, 4000)
-    # The machine page draws its charts again for a new viewport (a resize, debounced): wait for the new drawing.
-    redraws = driver.execute_script(
-        "window.__chartBefore = document.getElementById('risk-chart');"
-        "return document.body.dataset.ready === 'machine' && !!window.__chartBefore"
-        " && window.innerHeight !== arguments[0];",
-        height,
-    )
-    driver.execute_cdp_cmd(
-        "Emulation.setDeviceMetricsOverride",
-        {"width": 1440, "height": height, "deviceScaleFactor": 1, "mobile": False},
-    )
-    if redraws:
-        wait_for(
-            "the charts drawn for the new viewport",
-            lambda: driver.execute_script(
-                "const c = document.getElementById('risk-chart'); return !!c && c !== window.__chartBefore;"
-            ),
-        )
-    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
-    driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
-    path = ARTIFACTS / name
-    path.write_bytes(base64.b64decode(shot["data"]))
-    assert path.stat().st_size > 10_000
-    return path
-
-
 def test_the_dashboard_matches_the_api_and_updates_live(
-    browser: webdriver.Chrome, sim: SimulatedStore, kafka_settings: KafkaSettings
+    browser: webdriver.Chrome,  # noqa: F811 (the fixture)
+    sim: SimulatedStore,
+    kafka_settings: KafkaSettings,
 ) -> None:
     flag_edges(sim)
     app = create_app(ApiSettings(tokens=TOKEN, store=sim.path, live_poll_ms=100), kafka_settings)
@@ -263,7 +151,9 @@ def test_the_dashboard_matches_the_api_and_updates_live(
 
 
 def test_the_models_page_shows_each_versions_calibration(
-    browser: webdriver.Chrome, sim: SimulatedStore, tmp_path: Path
+    browser: webdriver.Chrome,  # noqa: F811 (the fixture)
+    sim: SimulatedStore,
+    tmp_path: Path,
 ) -> None:
     from tests.test_api_calibration import write_registry
 
@@ -312,7 +202,9 @@ def test_the_models_page_shows_each_versions_calibration(
 
 
 def test_the_machine_page_draws_the_sensor_lines_an_edge_sent(
-    browser: webdriver.Chrome, tmp_path: Path, kafka_settings: KafkaSettings
+    browser: webdriver.Chrome,  # noqa: F811 (the fixture)
+    tmp_path: Path,
+    kafka_settings: KafkaSettings,
 ) -> None:
     from tests.test_telemetry_summaries import summaries_through_the_spine
 

@@ -16,7 +16,7 @@ from api.app import create_app
 from api.settings import ApiSettings
 from contracts.settings import KafkaSettings
 from tests.fixtures_api import TOKEN, fill_store, serving
-from tests.test_dashboard_browser import browser, wait_for
+from tests.fixtures_browser import browser, wait_for
 
 pytestmark = pytest.mark.integration
 

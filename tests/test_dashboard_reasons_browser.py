@@ -14,7 +14,7 @@ from api.app import create_app
 from api.settings import ApiSettings
 from contracts.settings import KafkaSettings
 from tests.fixtures_api import TOKEN, fill_store, serving
-from tests.test_dashboard_browser import browser, click, read, screenshot, wait_for  # noqa: F401 (browser: a fixture)
+from tests.fixtures_browser import browser, click, read, screenshot, wait_for  # noqa: F401 (browser: a fixture)
 
 pytestmark = pytest.mark.integration
 

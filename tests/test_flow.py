@@ -41,7 +41,7 @@ from pipelines.flow import (
 from pipelines.run import run_once
 from precursor.cli import app as cli
 from tests.fixtures_api import TOKEN, serving
-from tests.test_dashboard_browser import browser, read, screenshot, wait_for  # noqa: F401 (browser: a fixture)
+from tests.fixtures_browser import browser, read, screenshot, wait_for  # noqa: F401 (browser: a fixture)
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

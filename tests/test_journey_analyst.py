@@ -21,7 +21,7 @@ from selenium.webdriver.common.by import By
 
 from contracts.settings import KafkaSettings
 from tests.fixtures_api import TOKEN, SimulatedStore, fill_store, free_port
-from tests.test_dashboard_browser import browser, wait_for  # noqa: F401  (browser is a fixture)
+from tests.fixtures_browser import browser, wait_for  # noqa: F401  (browser is a fixture)
 
 pytestmark = pytest.mark.integration
 
