@@ -59,6 +59,9 @@ class _Open:
     layout: CsvLayout | None = None
     mark: bytes = b""  # the file's last bytes before ``offset``, as read
     mtime_ns: int = 0
+    # Inside a line refused as too long whose end was not written yet: the rest of it is skipped when it comes, not
+    # read as a line of its own (which counted one bad record twice).
+    skipping: bool = False
 
     def rewritten(self, stat: os.stat_result) -> bool:
         """The file changed without growing past what was read: truncated (and maybe refilled)."""
@@ -193,6 +196,12 @@ class FileTail:
         """
         handle = opened.handle
         handle.seek(opened.offset)
+        if opened.skipping:
+            skipped, ended = self._skip_line(handle)
+            self._advance_past(opened, skipped)
+            if not ended:
+                return
+            opened.skipping = False
         pending = b""
         items: list[Item] = []
         started = time.monotonic()
@@ -227,11 +236,9 @@ class FileTail:
                         self._too_long,
                     )
                 )
-                skipped = self._skip_line(handle)
-                opened.offset += len(pending) + skipped
-                opened.mark = os.pread(
-                    handle.fileno(), min(_MARK, opened.offset), opened.offset - min(_MARK, opened.offset)
-                )
+                skipped, ended = self._skip_line(handle)
+                self._advance_past(opened, len(pending) + skipped)
+                opened.skipping = not ended
                 pending = b""
             if len(items) >= self.spec.batch_rows:
                 yield SourceBatch(self.name, items, self._position(opened), arrived=started)
@@ -244,18 +251,26 @@ class FileTail:
         if items:
             yield SourceBatch(self.name, items, self._position(opened), arrived=started)
 
-    def _skip_line(self, handle: BinaryIO) -> int:
-        """Read past the end of the current line; the bytes skipped, its newline included."""
+    def _skip_line(self, handle: BinaryIO) -> tuple[int, bool]:
+        """Read past the end of the current line: the bytes skipped (its newline included), and whether its end was
+        there (False: the file ends inside the line for now)."""
         skipped = 0
         while True:
             chunk = handle.read(_CHUNK)
             if not chunk:
-                return skipped
+                return skipped, False
             end = chunk.find(b"\n")
             if end >= 0:
                 handle.seek(end + 1 - len(chunk), os.SEEK_CUR)
-                return skipped + end + 1
+                return skipped + end + 1, True
             skipped += len(chunk)
+
+    @staticmethod
+    def _advance_past(opened: _Open, skipped: int) -> None:
+        opened.offset += skipped
+        opened.mark = os.pread(
+            opened.handle.fileno(), min(_MARK, opened.offset), opened.offset - min(_MARK, opened.offset)
+        )
 
     def _position(self, opened: _Open) -> str:
         return json.dumps({"inode": opened.inode, "offset": opened.offset})

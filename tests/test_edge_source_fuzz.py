@@ -306,3 +306,23 @@ def test_the_fuzzers_records_are_what_they_claim() -> None:
     """The bad records are bad and the good ones good for a reason of their own, not by accident of the parser."""
     assert datetime.fromtimestamp(253402300799, UTC).year == 9999
     assert float("1" * 400) == math.inf and 3.5e38 > FLOAT32_MAX > 3.4e38
+
+
+def test_a_too_long_line_cut_in_half_by_the_writer_is_refused_once() -> None:
+    """Hypothesis found it: the first half of an over-long line was refused, and its second half, written later, was
+    read as a line of its own ("not valid JSON"), so one bad record counted twice."""
+    long_line = b'{"timestamp": 1767225600, "machine_id": "m", "temp": 1, "pad": "' + b"x" * 20_000 + b'"}\n'
+    good = b'{"timestamp": 1767225660, "machine_id": "m", "temp": 2}\n'
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "telemetry.jsonl"
+        path.write_bytes(long_line[:12_000])
+        tail = FileTail(TailSource(path=path, poll=timedelta(milliseconds=20), batch_rows=5), LIMITS)
+        stop = threading.Event()
+        follow = Follow(tail.batches(None, stop), stop)
+        wait_for(lambda: len(follow.items) >= 1, 20, 0.02, what="the first half refused")
+        with path.open("ab") as fh:
+            fh.write(long_line[12_000:] + good)
+        items = follow.until(2)
+    errors = [i for i in items if isinstance(i, RowError)]
+    assert [e.reason for e in errors] == [f"line longer than max_record_bytes={LIMITS.max_record_bytes} bytes"]
+    assert len(items) == 2
