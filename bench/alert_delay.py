@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kafka_throughput import reachable_broker
 
-from contracts.messages import Prediction, encode
-from contracts.settings import KafkaSettings
 from infra.kafka_admin import admin_client, ensure_topics
 from pipelines.run import RunReport, follow
-from store import connect
+from precursor.contracts.messages import Prediction, encode
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import connect
 
 THRESHOLD = 0.269
 T0 = datetime(2026, 3, 1, tzinfo=UTC)

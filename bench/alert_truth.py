@@ -34,9 +34,6 @@ from pathlib import Path
 
 from kafka import KafkaConsumer, TopicPartition
 
-from contracts.alerting import AlertRule
-from contracts.messages import Prediction, decode
-from contracts.settings import KafkaSettings
 from edge_agent.agent import AgentStats
 from edge_agent.config import EdgeConfig
 from edge_agent.daemon import AgentDaemon
@@ -46,9 +43,12 @@ from models.dataset import Fleet, WindowSpec, build_windows
 from models.evaluate import Metrics, score_windows, window_metrics
 from pipelines.run import RunReport, run_once
 from pipelines.settings import PipelineSettings
-from simulator import FleetConfig
-from simulator.files import FleetFiles, write_fleet
-from store import connect
+from precursor.contracts.alerting import AlertRule
+from precursor.contracts.messages import Prediction, decode
+from precursor.contracts.settings import KafkaSettings
+from precursor.simulator import FleetConfig
+from precursor.simulator.files import FleetFiles, write_fleet
+from precursor.store import connect
 
 MODEL = "drift-zscore"
 PIPELINE = PipelineSettings(alert_model_thresholds={MODEL: 0.9})

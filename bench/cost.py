@@ -45,10 +45,10 @@ from kafka import KafkaProducer  # noqa: E402
 from kafka_throughput import predictions, reachable_broker  # noqa: E402
 from pipeline_throughput import failure_events  # noqa: E402
 
-from contracts.settings import KafkaSettings  # noqa: E402
 from infra.energy import Cost, CostMeter, EnergySettings, cores, estimate  # noqa: E402
 from infra.kafka_admin import admin_client, ensure_topics  # noqa: E402
-from simulator import FleetConfig, write_fleet  # noqa: E402
+from precursor.contracts.settings import KafkaSettings  # noqa: E402
+from precursor.simulator import FleetConfig, write_fleet  # noqa: E402
 
 WINDOW_H, EVERY_H, HORIZON_H = 6.0, 1.0, 24.0
 
@@ -157,8 +157,8 @@ def ingest(messages: int, energy: EnergySettings) -> Row:
     """One bounded ingest run over ``messages`` predictions; its cost as the pipeline records it."""
     from pipelines.run import run_once
     from pipelines.run_log import CONSUMER
-    from store.queries import reading
-    from store.runs import last_run
+    from precursor.store.queries import reading
+    from precursor.store.runs import last_run
 
     base = KafkaSettings(topic_prefix=f"cost-{uuid.uuid4().hex[:8]}")
     with reachable_broker(base) as (settings, origin), tempfile.TemporaryDirectory() as tmp:

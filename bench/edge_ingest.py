@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--summaries", action="store_true", help="send telemetry summaries (one per window period)")
     parser.add_argument("--build-artifact", type=Path, help=argparse.SUPPRESS)  # the child process's job
     args = parser.parse_args(argv)
-    from contracts.durations import parse_duration
+    from precursor.contracts.durations import parse_duration
 
     window_s = int(parse_duration(args.window).total_seconds())
     if args.build_artifact:

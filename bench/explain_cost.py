@@ -33,8 +33,8 @@ from models.explain import explainer_for  # noqa: E402
 from models.runtime import DEFAULT_MAX_BATCH, LMScorer  # noqa: E402
 from models.signing import generate_keypair, load_public_keys  # noqa: E402
 from models.train import TrainSettings, train  # noqa: E402
-from simulator import FleetConfig, simulate_fleet  # noqa: E402
-from simulator.planted import write_fleet_files  # noqa: E402
+from precursor.simulator import FleetConfig, simulate_fleet  # noqa: E402
+from precursor.simulator.planted import write_fleet_files  # noqa: E402
 
 TEST_DAYS = 5
 

@@ -24,11 +24,11 @@ from pathlib import Path
 import kafka
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from contracts.messages import Prediction, encode
-from contracts.settings import KafkaSettings
-from contracts.topics import TopicSpec
 from infra.kafka_admin import admin_client, broker_reachable, ensure_topics
 from infra.kafka_broker import LocalKafka, free_ports, kafka_version
+from precursor.contracts.messages import Prediction, encode
+from precursor.contracts.settings import KafkaSettings
+from precursor.contracts.topics import TopicSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -36,12 +36,12 @@ from selenium.webdriver.chrome.service import Service
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from api.app import create_app  # noqa: E402
-from api.settings import ApiSettings  # noqa: E402
-from contracts.messages import Prediction, encode  # noqa: E402
-from contracts.settings import KafkaSettings  # noqa: E402
 from infra.kafka_admin import admin_client, broker_reachable, ensure_topics  # noqa: E402
 from infra.kafka_broker import LocalKafka, free_ports  # noqa: E402
+from precursor.api.app import create_app  # noqa: E402
+from precursor.api.settings import ApiSettings  # noqa: E402
+from precursor.contracts.messages import Prediction, encode  # noqa: E402
+from precursor.contracts.settings import KafkaSettings  # noqa: E402
 from tests.fixtures_api import fill_store, serving  # noqa: E402
 
 TOKEN = "bench-token-0123456789abcdef"

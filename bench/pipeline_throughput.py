@@ -43,12 +43,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kafka_throughput import consume, predictions, reachable_broker
 
-from contracts.messages import EdgeEvent, encode
-from contracts.settings import KafkaSettings
 from infra.kafka_admin import admin_client, ensure_topics
 from pipelines.engines import ENGINES, FLINK_POM, EngineError, EngineSettings, engine
 from pipelines.labeling import run_labeling
 from pipelines.run import run_once
+from precursor.contracts.messages import EdgeEvent, encode
+from precursor.contracts.settings import KafkaSettings
 
 
 def failure_events(count: int) -> list[tuple[bytes, bytes]]:
@@ -90,7 +90,7 @@ _BEFORE = """
 import json, sys, tempfile, time
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-from contracts.settings import KafkaSettings
+from precursor.contracts.settings import KafkaSettings
 from pipelines.run import run_once
 settings = KafkaSettings.model_validate_json(sys.argv[2])
 with tempfile.TemporaryDirectory() as folder:

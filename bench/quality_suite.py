@@ -1,7 +1,8 @@
 """The quality suite: the LM against gradient boosting and the z-score rule on every fleet we have, over several seeds.
 
 For every dataset under ``--datasets`` (C-MAPSS FD001, FD003, FD004: ``train/`` against ``test/`` engines; Backblaze:
-split by machine) and four simulated fleet profiles (``simulator.profiles``), for every seed: cut the windows, train
+split by machine) and four simulated fleet profiles (``precursor.simulator.profiles``), for every seed: cut the
+windows, train
 the LM with its defaults (only ``--max-minutes`` / ``--max-steps`` bound it), export it to int8 ONNX, sign it, and
 score the test windows through the signed artifact with the edge's runtime. The baselines are fitted on the same
 training windows, and every scorer's alert threshold comes from the same validation windows.
@@ -44,7 +45,6 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import numpy as np  # noqa: E402
 
-from contracts.durations import parse_duration  # noqa: E402
 from models.dataset import (  # noqa: E402
     Fleet,
     LabeledWindow,
@@ -56,6 +56,7 @@ from models.dataset import (  # noqa: E402
 )
 from models.evaluate import Metrics, best_f1_threshold, score_windows, window_metrics  # noqa: E402
 from models.train import TrainSettings, failures_in, train_on_windows  # noqa: E402
+from precursor.contracts.durations import parse_duration  # noqa: E402
 
 log = logging.getLogger("quality_suite")
 
@@ -66,7 +67,9 @@ Split = Literal["files", "machines", "time"]
 
 @dataclass(frozen=True)
 class Fleetspec:
-    """A simulated fleet: a profile (``simulator.profiles``) and a size that keeps one training within budget."""
+    """A simulated fleet: a profile (``precursor.simulator.profiles``) and a size that keeps one training within
+    budget.
+    """
 
     profile: str
     machines: int
@@ -221,7 +224,7 @@ def _fleet_files(folder: Path) -> tuple[Path, Path, Path]:
 
 
 def _simulate(spec: Fleetspec, folder: Path) -> tuple[Path, Path, Path]:
-    from simulator import FleetConfig, write_fleet
+    from precursor.simulator import FleetConfig, write_fleet
 
     given = {"profile": spec.profile, "machines": spec.machines, "duration": spec.duration, "seed": spec.seed}
     config = FleetConfig.model_validate({**given, **spec.fields})

@@ -35,14 +35,14 @@ import pyarrow as pa
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from api.app import create_app  # noqa: E402
-from api.settings import ApiSettings  # noqa: E402
-from contracts.messages import Prediction  # noqa: E402
-from contracts.settings import KafkaSettings  # noqa: E402
 from pipelines.ingest import prediction_batch  # noqa: E402
 from pipelines.records import prediction_record  # noqa: E402
-from store.db import LATEST_PREDICTIONS_UPSERT, SCHEMA, connect  # noqa: E402
-from store.queries import StoreAttacher, StoreReader, reading  # noqa: E402
+from precursor.api.app import create_app  # noqa: E402
+from precursor.api.settings import ApiSettings  # noqa: E402
+from precursor.contracts.messages import Prediction  # noqa: E402
+from precursor.contracts.settings import KafkaSettings  # noqa: E402
+from precursor.store.db import LATEST_PREDICTIONS_UPSERT, SCHEMA, connect  # noqa: E402
+from precursor.store.queries import StoreAttacher, StoreReader, reading  # noqa: E402
 from tests.fixtures_api import serving  # noqa: E402
 
 MACHINES = 1000

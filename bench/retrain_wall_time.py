@@ -54,7 +54,7 @@ def main() -> None:
     from models.dataset import Fleet, build_windows
     from models.signing import generate_keypair
     from models.train import TrainSettings
-    from simulator import FleetConfig, write_fleet
+    from precursor.simulator import FleetConfig, write_fleet
 
     with tempfile.TemporaryDirectory(prefix="retrain-bench-") as scratch:
         root = Path(scratch)

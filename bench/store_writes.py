@@ -25,12 +25,12 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from contracts.messages import Prediction  # noqa: E402
 from infra.postgres_server import LocalPostgres  # noqa: E402
 from pipelines.ingest import prediction_batch  # noqa: E402
 from pipelines.records import prediction_record  # noqa: E402
-from store import PredictionStore  # noqa: E402
-from store.queries import reading  # noqa: E402
+from precursor.contracts.messages import Prediction  # noqa: E402
+from precursor.store import PredictionStore  # noqa: E402
+from precursor.store.queries import reading  # noqa: E402
 
 MACHINES = 1000
 START = datetime(2026, 1, 1, tzinfo=UTC)

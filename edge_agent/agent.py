@@ -31,18 +31,6 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from contracts.formats import RowError, read_machines
-from contracts.messages import (
-    ContractError,
-    EdgeEvent,
-    Event,
-    Heartbeat,
-    Prediction,
-    Reason,
-    TelemetryReading,
-    TelemetrySummary,
-    validate,
-)
 from edge_agent.checkpoint import WindowCheckpoint, position_writer, read_positions
 from edge_agent.config import EdgeConfig
 from edge_agent.flow_meter import FlowMeter
@@ -58,6 +46,18 @@ from edge_agent.telemetry_source import Item, SourceBatch
 from edge_agent.windows import WindowBuilder
 from infra.energy import Rapl
 from models.scoring import Scorer, Window
+from precursor.contracts.formats import RowError, read_machines
+from precursor.contracts.messages import (
+    ContractError,
+    EdgeEvent,
+    Event,
+    Heartbeat,
+    Prediction,
+    Reason,
+    TelemetryReading,
+    TelemetrySummary,
+    validate,
+)
 
 log = logging.getLogger("precursor.edge")
 

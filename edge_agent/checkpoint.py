@@ -25,9 +25,9 @@ from datetime import UTC, datetime
 from itertools import chain
 from operator import itemgetter
 
-from contracts.messages import Event
 from edge_agent.config import WindowSpec
 from edge_agent.parsing import Reading
+from precursor.contracts.messages import Event
 
 _machine, _time, _sensors, _values = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3)  # of a Reading
 _MAGIC = b"PCJ1"

@@ -44,9 +44,9 @@ from pydantic import (
     model_validator,
 )
 
-from contracts.durations import Duration
-from contracts.messages import Identifier
-from contracts.settings import KafkaSettings, PrecursorSettings
+from precursor.contracts.durations import Duration
+from precursor.contracts.messages import Identifier
+from precursor.contracts.settings import KafkaSettings, PrecursorSettings
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}

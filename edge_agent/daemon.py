@@ -34,7 +34,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from contracts.formats import read_machines
 from edge_agent.agent import AgentStats, EdgeAgent, Health
 from edge_agent.config import ConfigError, EdgeConfig
 from edge_agent.health import HealthServer
@@ -46,6 +45,7 @@ from edge_agent.sender import OutboxSender
 from edge_agent.sources import open_source
 from edge_agent.telemetry_source import SourceBatch, TelemetrySource
 from edge_agent.updates import ModelUpdater, UpdateFollower
+from precursor.contracts.formats import read_machines
 
 log = logging.getLogger("precursor.edge")
 

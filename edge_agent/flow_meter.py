@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from contracts.messages import EdgeFlow
 from infra.energy import Rapl, process_cpu_s
+from precursor.contracts.messages import EdgeFlow
 
 KEEP = 4096
 """Per-window scoring times kept per interval for the percentiles: a bound on memory, whatever the rate."""

@@ -1,12 +1,14 @@
 """Who an edge is: its own ed25519 key pair, made once by ``precursor edge enroll``, and the agent build it runs.
 
 The pair lives in ``STATE_DIR/identity/``: ``edge.key`` (mode 0600, never printed or logged) and ``edge.pub``, with
-``enrollment.txt`` holding the line an operator adds to the fleet's enrolled-edges file (:mod:`contracts.enrollment`).
-An enrolled edge signs every heartbeat over :meth:`~contracts.messages.Heartbeat.statement`; the pipeline checks the
+``enrollment.txt`` holding the line an operator adds to the fleet's enrolled-edges file
+(:mod:`precursor.contracts.enrollment`).
+An enrolled edge signs every heartbeat over :meth:`~precursor.contracts.messages.Heartbeat.statement`; the pipeline
+checks the
 signature against the enrolled-edges file, so a heartbeat in an edge's name that the edge did not send is flagged.
 
 >>> import tempfile
->>> from contracts.messages import Heartbeat
+>>> from precursor.contracts.messages import Heartbeat
 >>> state_dir = Path(tempfile.mkdtemp())
 >>> enrollment = enroll(state_dir, "plant-7-gw-1")
 >>> enrollment.created, enrollment.line.startswith("plant-7-gw-1 ed25519:")
@@ -31,8 +33,6 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from contracts.enrollment import enrollment_line
-from contracts.messages import AgentBuild, Heartbeat, HeartbeatSignature
 from models.signing import (
     PRIVATE_KEY_SUFFIX,
     PUBLIC_KEY_SUFFIX,
@@ -43,6 +43,8 @@ from models.signing import (
     public_key_text,
     sign,
 )
+from precursor.contracts.enrollment import enrollment_line
+from precursor.contracts.messages import AgentBuild, Heartbeat, HeartbeatSignature
 
 log = logging.getLogger("precursor.edge")
 
@@ -50,8 +52,8 @@ IDENTITY_DIR = "identity"
 KEY_NAME = "edge"
 ENROLLMENT_FILE = "enrollment.txt"
 DISTRIBUTION = "precursor"
-AGENT_PACKAGES = ("contracts", "edge_agent", "models")
-"""The packages an edge agent runs: their source files make the build hash."""
+AGENT_PACKAGES = ("precursor/contracts", "edge_agent", "models")
+"""The packages an edge agent runs (folders from the install root): their source files make the build hash."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,8 @@ def agent_build() -> AgentBuild:
     root = Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
     for package in AGENT_PACKAGES:
+        if not (root / package).is_dir():  # a missing package would silently leave its code out of the hash
+            raise FileNotFoundError(f"agent build hash: no package folder {root / package}")
         for path in sorted((root / package).rglob("*.py")):
             content = path.read_bytes()
             digest.update(f"{path.relative_to(root).as_posix()}\0{len(content)}\0".encode())

@@ -36,10 +36,10 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from contracts.formats import read_machines
 from edge_agent.config import InputSpec, MqttSource, source_name
 from edge_agent.parsing import RecordParser
 from edge_agent.telemetry_source import Item, SourceBatch
+from precursor.contracts.formats import read_machines
 
 log = logging.getLogger("precursor.edge.mqtt")
 

@@ -11,7 +11,7 @@ it is sent, and deleted only once Kafka acknowledged it (``acks=all``).
   counted per kind, and the counts survive restarts.
 
 >>> import tempfile, pathlib
->>> from contracts.messages import Heartbeat
+>>> from precursor.contracts.messages import Heartbeat
 >>> box = Outbox(pathlib.Path(tempfile.mkdtemp()) / "state.db", max_bytes=10**6)
 >>> hb = Heartbeat(edge_id="e1", seq=box.next_seq(), timestamp="2026-01-01T00:00:00Z",
 ...                model_name="m", model_version="1")
@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts.messages import EdgeEvent, Heartbeat, Prediction, TelemetrySummary, encode
 from edge_agent.statedb import Durability, open_state_db
+from precursor.contracts.messages import EdgeEvent, Heartbeat, Prediction, TelemetrySummary, encode
 
 log = logging.getLogger("precursor.edge.outbox")
 

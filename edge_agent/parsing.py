@@ -2,7 +2,8 @@
 
 The agent's hot path never builds a pydantic model per reading: a :class:`Reading` is a named tuple, made after the
 same checks the contract makes (identifiers, finite numbers, a timestamp), so 50,000 readings a second fit on one
-core. Each record is either good or a :class:`~contracts.formats.RowError` that names the field and value at fault:
+core. Each record is either good or a :class:`~precursor.contracts.formats.RowError` that names the field and value at
+fault:
 
 - a blank CSV field or a JSON ``null`` is a missing value; anything else must be a finite number: text, booleans,
   ``NaN`` and ``Infinity`` quarantine the record (Parquet is the exception: dataframes store missing floats as NaN);
@@ -32,14 +33,14 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from contracts.formats import RowError
-from contracts.messages import EVENT_PATTERN, ContractError, Event, TelemetryReading, validate
+from precursor.contracts.formats import RowError
+from precursor.contracts.messages import EVENT_PATTERN, ContractError, Event, TelemetryReading, validate
 
 KEY_COLUMNS = ("timestamp", "machine_id")
 EVENT_COLUMN = "event"
 MISSING = math.nan
-_IDENTIFIER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")  # contracts.messages.Identifier
-_SENSOR = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")  # contracts.messages.SensorName
+_IDENTIFIER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")  # precursor.contracts.messages.Identifier
+_SENSOR = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")  # precursor.contracts.messages.SensorName
 _MAX_CACHED = 100_000
 _EPOCH_MAX = 253402300799.0  # 9999-12-31T23:59:59Z
 _SHOWN = 60

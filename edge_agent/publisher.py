@@ -8,9 +8,9 @@ from typing import Protocol
 from kafka import KafkaProducer
 from kafka.producer.future import FutureRecordMetadata
 
-from contracts.messages import EdgeEvent, Heartbeat, Message, Prediction, TelemetrySummary, encode
-from contracts.settings import KafkaSettings
 from infra.kafka_admin import check_reachable, missing_topics
+from precursor.contracts.messages import EdgeEvent, Heartbeat, Message, Prediction, TelemetrySummary, encode
+from precursor.contracts.settings import KafkaSettings
 
 
 class Sink(Protocol):

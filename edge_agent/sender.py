@@ -24,10 +24,10 @@ from typing import Any
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
-from contracts.settings import KafkaSettings
 from edge_agent.outbox import Outbox, OutboxRow
 from edge_agent.publisher import TopicsMissing, check_topics, edge_topics
 from infra.kafka_admin import BrokerUnreachable, check_reachable
+from precursor.contracts.settings import KafkaSettings
 
 log = logging.getLogger("precursor.edge.sender")
 

@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from contracts.formats import RowError, read_machines
-from contracts.messages import Event, TelemetryReading
 from edge_agent.config import (
     InputSpec,
     MqttSource,
@@ -30,6 +28,8 @@ from edge_agent.config import (
 )
 from edge_agent.parsing import CsvLayout, Reading, Record, RecordParser
 from edge_agent.telemetry_source import Item, SourceBatch, TelemetrySource
+from precursor.contracts.formats import RowError, read_machines
+from precursor.contracts.messages import Event, TelemetryReading
 
 Mark = Any
 """A source's own token for its position just after an item (a count, an instant): cheap to keep per item."""
@@ -316,7 +316,7 @@ class SimulatedFleet:
     and how many items of that instant were taken, so a restart continues the same deterministic stream."""
 
     def __init__(self, spec: SimulatorSource) -> None:
-        from simulator.config import FleetConfig
+        from precursor.simulator.config import FleetConfig
 
         self.spec = spec
         self.name = source_name(spec)
@@ -329,13 +329,13 @@ class SimulatedFleet:
         )
 
     def attributes(self) -> dict[str, dict[str, str]]:
-        from simulator.fleet import machine_attributes
+        from precursor.simulator.fleet import machine_attributes
 
         return machine_attributes(self._config)
 
     def _items(self, position: str | None) -> Iterator[tuple[Item, tuple[int, int]]]:
         """Each item with the position just after it: its instant and how many items of that instant it makes."""
-        from simulator.stream import stream_fleet
+        from precursor.simulator.stream import stream_fleet
 
         start_at, skip = None, 0
         at: tuple[int, int] | None = None

@@ -31,8 +31,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from contracts.messages import MAX_SUMMARY_SENSORS, TelemetrySummary, validate
 from edge_agent.windows import value_matrix
+from precursor.contracts.messages import MAX_SUMMARY_SENSORS, TelemetrySummary, validate
 
 
 class SensorStats(NamedTuple):  # a tuple: a period makes one per sensor, and a frozen dataclass costs 1 µs each
@@ -128,7 +128,7 @@ def summarize(
 
 def summary_messages(summary: PeriodSummary, edge_id: str, next_seq: Callable[[], int]) -> list[TelemetrySummary]:
     """The period as messages: one, or one per MAX_SUMMARY_SENSORS sensors; none where no reading had a value.
-    Raises :class:`~contracts.messages.ContractError` naming what does not fit the contract."""
+    Raises :class:`~precursor.contracts.messages.ContractError` naming what does not fit the contract."""
     names = sorted(summary.sensors)
     return [
         validate(

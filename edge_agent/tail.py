@@ -26,10 +26,10 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from contracts.formats import RowError, read_machines
 from edge_agent.config import InputSpec, TailSource, source_name
 from edge_agent.parsing import CsvLayout, Record, RecordParser
 from edge_agent.telemetry_source import Item, SourceBatch
+from precursor.contracts.formats import RowError, read_machines
 
 log = logging.getLogger("precursor.edge.tail")
 

@@ -5,7 +5,8 @@ the factory that picks one; :mod:`edge_agent.tail`; :mod:`edge_agent.mqtt`): a s
 the others.
 
 A source hands the agent batches of readings, events and unreadable records (never an exception for a bad record: a
-:class:`~contracts.formats.RowError` the agent quarantines), with the source's *position* after the batch. The agent
+:class:`~precursor.contracts.formats.RowError` the agent quarantines), with the source's *position* after the batch.
+The agent
 commits the position in the same transaction as everything the batch led to, then calls
 :meth:`TelemetrySource.acknowledge` with the batch's ``ack``: that is where a source tells its upstream (an MQTT
 broker) that the data is safe. On restart the agent passes the saved position back to :meth:`TelemetrySource.batches`.
@@ -19,9 +20,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from contracts.formats import RowError
-from contracts.messages import Event, TelemetryReading
 from edge_agent.parsing import Reading
+from precursor.contracts.formats import RowError
+from precursor.contracts.messages import Event, TelemetryReading
 
 Item = Reading | TelemetryReading | Event | RowError
 

@@ -1,6 +1,7 @@
 """Model updates over the air: follow ``<prefix>.model-updates``, and run a new model only once it proved itself.
 
-For each :class:`~contracts.messages.ModelRelease` meant for this edge (its ``target`` is one of the edge's update
+For each :class:`~precursor.contracts.messages.ModelRelease` meant for this edge (its ``target`` is one of the edge's
+update
 targets, and ``canary_edges``, when set, names this edge):
 
 1. check the release message itself (:mod:`models.releases`): follow the key rotations it carries, check its
@@ -47,10 +48,6 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from pydantic import AwareDatetime, BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from contracts.messages import ContractError, ModelRelease, decode
-from contracts.object_store import S3_PROTOCOLS, ObjectStoreError, ObjectStoreSettings, filesystem
-from contracts.outcomes import ANY_FAILURE
-from contracts.versions import version_key
 from edge_agent.config import EdgeConfig, SelfTestSpec
 from edge_agent.scorers import RunningModel, ScorerSlot, load_trusted_keys, open_lm
 from models.registry import ArtifactError, unpack, unsafe_member_name, verify_release
@@ -67,6 +64,10 @@ from models.releases import (
 )
 from models.scoring import Scorer, Window
 from models.signing import SignatureError
+from precursor.contracts.messages import ContractError, ModelRelease, decode
+from precursor.contracts.object_store import S3_PROTOCOLS, ObjectStoreError, ObjectStoreSettings, filesystem
+from precursor.contracts.outcomes import ANY_FAILURE
+from precursor.contracts.versions import version_key
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem

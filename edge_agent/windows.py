@@ -32,10 +32,10 @@ from typing import Protocol
 
 import numpy as np
 
-from contracts.messages import Event, TelemetryReading
 from edge_agent.config import WindowSpec
 from edge_agent.parsing import Reading
 from models.scoring import Window
+from precursor.contracts.messages import Event, TelemetryReading
 
 
 class WindowJournal(Protocol):

@@ -9,7 +9,8 @@ maintenance) is the files'.
 
 Rows without telemetry (a machine or a time the files do not cover) are counted and left out, never guessed.
 
-The dataset is a local folder or an object store URL (``s3://bucket/labeled``); see :mod:`contracts.object_store`.
+The dataset is a local folder or an object store URL (``s3://bucket/labeled``); see
+:mod:`precursor.contracts.object_store`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from contracts.object_store import ObjectStoreSettings, as_location, describe
 from models.dataset import HOUR_S, DatasetError, Fleet, LabeledWindow, WindowSpec, build_windows
 from pipelines.labeling import (
     Example,
@@ -32,6 +32,7 @@ from pipelines.labeling import (
     write_day,
     write_manifest,
 )
+from precursor.contracts.object_store import ObjectStoreSettings, as_location, describe
 
 MICROS = 1_000_000
 

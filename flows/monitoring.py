@@ -16,8 +16,8 @@ from pathlib import Path
 import duckdb
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.outcomes import ANY_FAILURE
-from store import connect
+from precursor.contracts.outcomes import ANY_FAILURE
+from precursor.store import connect
 
 FLEET = "*"
 """The model version the monitoring pipeline files fleet-wide input drift under."""

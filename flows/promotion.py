@@ -23,10 +23,10 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.outcomes import ANY_FAILURE, OK
 from models.dataset import LabeledWindow
 from models.evaluate import Metrics, ScoredWindow, window_metrics
 from models.scoring import Risk, Scorer
+from precursor.contracts.outcomes import ANY_FAILURE, OK
 
 _TOLERANCE = 1e-12
 

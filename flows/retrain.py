@@ -34,7 +34,6 @@ from prefect.context import FlowRunContext
 from prefect.utilities.annotations import quote
 from pydantic import BaseModel, ConfigDict
 
-from contracts.object_store import describe, is_url
 from flows.evidence import Evidence, split_evidence
 from flows.labeled import read_labeled_windows
 from flows.promotion import Comparison, ModelEvaluation, comparison_markdown, evaluate_model, held_out_summary, judge
@@ -49,6 +48,7 @@ from models.object_registry import open_registry
 from models.registry import ModelRegistry, RegistryEntry, release_for
 from models.releases import ReleaseSigner
 from models.signing import TrustedKeys, key_id, load_private_key, load_public_keys
+from precursor.contracts.object_store import describe, is_url
 
 COMPARISON_ARTIFACT_KEY = "retrain-comparison"
 

@@ -15,7 +15,7 @@ from typing import Any
 from kafka.errors import KafkaError
 from prefect.states import State
 
-from store import StoreBusy
+from precursor.store import StoreBusy
 
 BROKER_TROUBLE: tuple[type[BaseException], ...] = (KafkaError, ConnectionError, TimeoutError)
 STORE_TROUBLE: tuple[type[BaseException], ...] = (StoreBusy, OSError)

@@ -33,8 +33,8 @@ from typing import Literal, Protocol
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.messages import ContractError, Heartbeat, ModelRelease, decode, encode
-from contracts.settings import KafkaSettings
+from precursor.contracts.messages import ContractError, Heartbeat, ModelRelease, decode, encode
+from precursor.contracts.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 

@@ -32,12 +32,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from contracts.durations import Duration
-from contracts.messages import Identifier
-from contracts.object_store import Location, ObjectStoreSettings
-from contracts.settings import KafkaSettings, PrecursorSettings, StoreLocation
 from models.registry import DEFAULT_MODEL_NAME
 from models.train import TrainSettings
+from precursor.contracts.durations import Duration
+from precursor.contracts.messages import Identifier
+from precursor.contracts.object_store import Location, ObjectStoreSettings
+from precursor.contracts.settings import KafkaSettings, PrecursorSettings, StoreLocation
 
 PromotionMetric = Literal["pr_auc", "recall", "f1", "precision", "named_recall"]
 """Metrics where higher is better; the candidate must beat the champion on one of them by the margin.

@@ -1,6 +1,7 @@
 """Topic setup and reachability checks that work against any Kafka cluster, local or remote, TLS and SASL included.
 
-Everything takes a :class:`~contracts.settings.KafkaSettings`, so the same call that prepares the local broker prepares
+Everything takes a :class:`~precursor.contracts.settings.KafkaSettings`, so the same call that prepares the local
+broker prepares
 a production cluster once the settings point there.
 
 >>> split_host_port("k1:9093"), split_host_port("[::1]:9092"), split_host_port("broker")
@@ -42,8 +43,8 @@ from kafka.errors import (
 from kafka.structs import OffsetAndMetadata, TopicPartition
 from pydantic import SecretStr
 
-from contracts.settings import KafkaSettings
-from contracts.topics import Topics, TopicSpec
+from precursor.contracts.settings import KafkaSettings
+from precursor.contracts.topics import Topics, TopicSpec
 
 DEFAULT_KAFKA_PORT = 9092
 T = TypeVar("T")

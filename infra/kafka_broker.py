@@ -51,11 +51,11 @@ from cryptography import x509
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contracts.settings import KafkaSettings
-from contracts.topics import Topics
 from infra.kafka_admin import TopicsEnsured, broker_reachable, ensure_topics, list_topics
 from infra.maven_jars import MissingToolError, find_executable, resolve_runtime_jars
 from infra.processes import BackgroundProcess, log_tail, port_in_use
+from precursor.contracts.settings import KafkaSettings
+from precursor.contracts.topics import Topics
 
 __all__ = [
     "KAFKA_POM",

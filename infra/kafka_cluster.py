@@ -33,10 +33,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from contracts.settings import KafkaSettings
-from contracts.topics import Topics
 from infra.kafka_admin import admin_client, ensure_topics, list_topics
 from infra.kafka_broker import BrokerError, LocalKafka, new_cluster_id
+from precursor.contracts.settings import KafkaSettings
+from precursor.contracts.topics import Topics
 
 log = logging.getLogger(__name__)
 

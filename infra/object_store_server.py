@@ -13,11 +13,11 @@ import socket
 import time
 from pathlib import Path
 
-from contracts.object_store import ObjectStoreSettings
-from contracts.settings import PrecursorSettings
 from infra.go_tools import GoInstallError, go_install
 from infra.kafka_broker import free_ports
 from infra.processes import BackgroundProcess, Report, log_tail
+from precursor.contracts.object_store import ObjectStoreSettings
+from precursor.contracts.settings import PrecursorSettings
 
 S3_SERVER_MODULE = "github.com/johannesboyne/gofakes3/cmd/gofakes3"
 S3_SERVER_VERSION = "v1.2.0"

@@ -1,7 +1,8 @@
 """Alert-level figures: what users of the alert stream get from a model, counted on the evaluator's windows.
 
 Window-level figures (:mod:`models.evaluate`) count every window at or above the threshold as an alarm. Users never
-see windows: they see alerts, raised and cleared by the pipeline's hysteresis (:class:`contracts.alerting.AlertRule`:
+see windows: they see alerts, raised and cleared by the pipeline's hysteresis
+(:class:`precursor.contracts.alerting.AlertRule`:
 raised after ``raise_after`` consecutive windows at or above the threshold, cleared after ``clear_after`` consecutive
 windows below ``threshold * clear_factor``). Here the same rule is applied to each machine's test windows in time
 order, and the alerts it yields are counted the way one counts them in the store's ``alerts`` table, so the
@@ -18,7 +19,7 @@ Definitions (``h`` is the horizon, ``f`` a failure's time, an alert is open from
   else **false**; false alerts per machine-week divide by the machine-weeks observed (windows x step / 168 h, as the
   window-level figure does).
 
->>> from contracts.alerting import AlertRule
+>>> from precursor.contracts.alerting import AlertRule
 >>> from models.scored_window import ScoredWindow
 >>> w = [ScoredWindow("m", h * 3600, h >= 4, 6.0 - h if h >= 4 else None, s)
 ...      for h, s in enumerate([0.9, 0.9, 0.1, 0.8, 0.9, 0.9, 0.1])]
@@ -38,8 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from contracts.alerting import AlertRule
 from models.scored_window import ScoredWindow
+from precursor.contracts.alerting import AlertRule
 
 HOUR_S = 3600.0
 HOURS_PER_WEEK = 168.0

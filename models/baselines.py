@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from contracts.outcomes import ANY_FAILURE
 from models.features import HOUR_S, FeatureSpec, block_statistics, feature_matrix
 from models.scoring import Risk, Window
+from precursor.contracts.outcomes import ANY_FAILURE
 
 
 @dataclass

@@ -40,8 +40,8 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from contracts.outcomes import ANY_FAILURE
 from models.scoring import Risk
+from precursor.contracts.outcomes import ANY_FAILURE
 
 MIN_POSITIVES = 10
 """Failed validation windows (and ok ones) below which the map stays the identity: too few to fit two numbers."""

@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-from contracts.formats import TelemetryTable, read_events, read_machines, read_telemetry_table
-from contracts.messages import Event
-from contracts.outcomes import ANY_FAILURE, OK
 from models.scoring import Window
+from precursor.contracts.formats import TelemetryTable, read_events, read_machines, read_telemetry_table
+from precursor.contracts.messages import Event
+from precursor.contracts.outcomes import ANY_FAILURE, OK
 
 HOUR_S = 3600
 
@@ -424,7 +424,7 @@ def outcome_counts(windows: Sequence[LabeledWindow]) -> dict[str, int]:
 
 def parse_time(value: str) -> int:
     """``--until`` / ``--since``: ISO 8601 (naive is UTC) or epoch seconds, to epoch seconds."""
-    from contracts.formats import parse_timestamp
+    from precursor.contracts.formats import parse_timestamp
 
     try:
         return int(parse_timestamp(value).timestamp())

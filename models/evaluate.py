@@ -34,8 +34,6 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from contracts.alerting import AlertRule
-from contracts.outcomes import ANY_FAILURE
 from models.alert_level import AlertMetrics, alert_metrics, alert_table
 from models.calibration import ReliabilityBin, brier_score, expected_calibration_error, reliability_bins
 from models.dataset import (
@@ -52,6 +50,8 @@ from models.dataset import (
 from models.progress import NO_PROGRESS, Progress
 from models.scored_window import ScoredWindow
 from models.scoring import Scorer
+from precursor.contracts.alerting import AlertRule
+from precursor.contracts.outcomes import ANY_FAILURE
 
 HOURS_PER_WEEK = 168.0
 RELIABILITY_BINS = 10

@@ -49,11 +49,11 @@ from typing import Annotated
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.messages import MAX_REASONS, Reason, ReasonDetail
 from models.features import WindowContext, window_context
 from models.runtime import LMScorer
 from models.scoring import Risk, Window
 from models.tokenizer import AGE_EDGES_H, TREND, TelemetryTokenizer, TokenizerSettings
+from precursor.contracts.messages import MAX_REASONS, Reason, ReasonDetail
 
 REMOVE = -1
 """A replacement that takes the token out (see the module's docstring for when)."""

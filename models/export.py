@@ -40,13 +40,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from torch import nn
 
-from contracts.outcomes import ANY_FAILURE
 from models.calibration import IDENTITY, Calibration, calibration_of
 from models.model import context_length, ensemble_members, load_causal_lm, takes_values
 from models.outcome import pack_sequences, risks_from_logits
 from models.registry import CONFIG_FILE, DEFAULT_MODEL_NAME, VERSION_PATTERN, sign_artifact
 from models.scoring import Window
 from models.signing import load_private_key
+from precursor.contracts.outcomes import ANY_FAILURE
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from contracts.object_store import ObjectStoreSettings, filesystem, is_url
-from contracts.settings import PrecursorSettings
-from contracts.versions import version_key
 from models.registry import (
     _VERSION,
     DEFAULT_MODEL_NAME,
@@ -36,6 +33,9 @@ from models.registry import (
     verify_artifact,
 )
 from models.signing import SignatureError, TrustedKeys
+from precursor.contracts.object_store import ObjectStoreSettings, filesystem, is_url
+from precursor.contracts.settings import PrecursorSettings
+from precursor.contracts.versions import version_key
 
 
 def open_registry(

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from contracts.outcomes import ANY_FAILURE, OK
 from models.scoring import Risk
+from precursor.contracts.outcomes import ANY_FAILURE, OK
 
 
 def outcome_token(kind: str) -> str:

@@ -8,7 +8,7 @@ folder holds exactly the files the manifest lists (none missing, none added), ea
 A registry is ``ROOT/<model_name>/<version>/`` plus a ``champion.json`` pointer per model name. Published versions are
 immutable. Updates travel as one file: :func:`pack` writes a tar, :func:`unpack` extracts it refusing anything that
 could land outside the destination, and :func:`release_for` / :func:`verify_release` tie an artifact to the
-:class:`~contracts.messages.ModelRelease` announced to the fleet.
+:class:`~precursor.contracts.messages.ModelRelease` announced to the fleet.
 
 This module imports no torch: the edge uses it to check what it is about to load.
 """
@@ -31,9 +31,9 @@ from typing import Annotated, Literal
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, field_validator
 
-from contracts.messages import ContractError, Identifier, ModelRelease, Sha256Hex, UtcDatetime, validate
-from contracts.versions import version_key
 from models.signing import SignatureError, TrustedKeys, key_id, sign, verify
+from precursor.contracts.messages import ContractError, Identifier, ModelRelease, Sha256Hex, UtcDatetime, validate
+from precursor.contracts.versions import version_key
 
 CONFIG_FILE = "precursor.json"
 """The model's own description (horizon, threshold, calibration, how to read the ONNX graph): in a checkpoint folder
@@ -45,7 +45,7 @@ ARTIFACT_FORMAT = "precursor-artifact/1"
 DEFAULT_MODEL_NAME = "precursor-lm"
 VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+\-]{0,63}$"
 _VERSION = re.compile(VERSION_PATTERN)
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")  # contracts.messages.Identifier
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}$")  # precursor.contracts.messages.Identifier
 _HASH_CHUNK = 1 << 20
 
 Version = Annotated[str, Field(pattern=VERSION_PATTERN)]
@@ -569,7 +569,8 @@ class ModelRegistry:
         )
 
     def list(self) -> list[RegistryEntry]:
-        """Published versions, oldest version first (:func:`contracts.versions.version_key`). Not verified: use
+        """Published versions, oldest version first (:func:`precursor.contracts.versions.version_key`). Not verified:
+        use
         :meth:`get`."""
         if not self.model_dir.is_dir():
             return []

@@ -1,12 +1,14 @@
 """Signed release statements and the keys allowed to sign them: The Update Framework's ideas, over ed25519.
 
-A :class:`~contracts.messages.ModelRelease` is signed as a whole: :func:`release_statement` is the one canonical form
+A :class:`~precursor.contracts.messages.ModelRelease` is signed as a whole: :func:`release_statement` is the one
+canonical form
 (sorted-key compact JSON of every field but the release signature, tagged so it can pass for nothing else), and both
 the publisher (:class:`ReleaseSigner`) and the edge (:func:`verify_release_statement`) go through it, so the two cannot
 drift. Each release says when it was issued (its order per target: an edge never goes back to an older one) and when
 it expires (a feed frozen by an attacker cannot hold an edge on a stale release forever).
 
-Which keys may sign is a chain of :class:`~contracts.messages.KeyRotation` statements. Trust version 0 is the keys an
+Which keys may sign is a chain of :class:`~precursor.contracts.messages.KeyRotation` statements. Trust version 0 is
+the keys an
 edge is configured with (any one of them signs). Version N+1 names the new keys and how many of them must sign the
 next rotation (``threshold``); it counts only when signed by ``threshold`` keys of version N *and* by ``threshold`` of
 its own keys (so nobody names a key they do not hold). A key left out of the new version is revoked: its releases are
@@ -43,7 +45,6 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from contracts.messages import KeyRotation, KeySignature, ModelRelease
 from models.signing import (
     KeyFileError,
     SignatureError,
@@ -55,6 +56,7 @@ from models.signing import (
     sign,
     verify,
 )
+from precursor.contracts.messages import KeyRotation, KeySignature, ModelRelease
 
 log = logging.getLogger(__name__)
 

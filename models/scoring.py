@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from contracts.messages import Event
+from precursor.contracts.messages import Event
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Window:
 
 Risk = dict[str, float]
 """Failure kind -> probability of that failure within the scorer's horizon. Always has
-:data:`contracts.outcomes.ANY_FAILURE`."""
+:data:`precursor.contracts.outcomes.ANY_FAILURE`."""
 
 
 @runtime_checkable

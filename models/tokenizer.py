@@ -52,7 +52,6 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
-from contracts.outcomes import ANY_FAILURE, OK
 from models.features import (
     HOUR_S,
     SensorScaling,
@@ -67,6 +66,7 @@ from models.features import (
 )
 from models.outcome import outcome_token
 from models.scoring import Window
+from precursor.contracts.outcomes import ANY_FAILURE, OK
 
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"

@@ -41,7 +41,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch.optim.swa_utils import AveragedModel
 from transformers import PreTrainedModel
 
-from contracts.outcomes import OK
 from models.calibration import brier_score, expected_calibration_error, fit_platt, log_loss, reliability_bins
 from models.dataset import (
     DatasetError,
@@ -71,6 +70,7 @@ from models.model import (
 from models.outcome import outcome_probabilities, pack_sequences
 from models.progress import NO_PROGRESS, Progress
 from models.tokenizer import TelemetryTokenizer, TokenizerSettings
+from precursor.contracts.outcomes import OK
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """Alerts with hysteresis, per machine and failure kind, at each model's operating point, decided as each
 prediction arrives, and the same however the stream is cut into runs.
 
-The rule (:class:`contracts.alerting.AlertRule`): each prediction is judged at its own threshold (the one its model
+The rule (:class:`precursor.contracts.alerting.AlertRule`): each prediction is judged at its own threshold (the one
+its model
 chose on validation, unless the fleet overrides it). An alert is raised after ``raise_after`` consecutive windows at
 or above it, and cleared after ``clear_after`` consecutive windows below ``threshold * clear_factor``. In between
 nothing changes, so a risk that wobbles around the threshold cannot start an alert storm.
@@ -23,7 +24,7 @@ the stream is cut into runs, every prediction is decided once, in the same order
 In the pipeline this is :class:`TrackAlerts`: a DoFn over each machine's unique records of the run (one element per
 machine, in arrival order, from ``DropDuplicates``), with the timelines the last run left as a side input.
 
->>> from contracts.alerting import AlertRule
+>>> from precursor.contracts.alerting import AlertRule
 >>> rule = AlertRule(clear_factor=0.6, raise_after=2, clear_after=1)
 >>> state, changes = KindState(), []
 >>> for risk in [0.3, 0.2, 0.35, 0.4, 0.2, 0.3, 0.1]:  # the model's threshold 0.269: clears below 0.1614
@@ -45,12 +46,12 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from contracts.alerting import AlertRule
-from contracts.messages import Alert, encode
-from contracts.settings import KafkaSettings
 from pipelines.kafka_io import ProduceToKafka
 from pipelines.records import PredictionRecord, from_micros, to_micros
-from store import PredictionStore
+from precursor.contracts.alerting import AlertRule
+from precursor.contracts.messages import Alert, encode
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import PredictionStore
 
 NAMESPACE = "precursor"
 TIMELINES = "timelines"

@@ -2,7 +2,7 @@
 
 Every heartbeat is judged once, as it is parsed, and stored with the verdict, never dropped for it:
 
-- ``verified``: signed by a key the enrolled-edges file (:mod:`contracts.enrollment`) lists for its edge_id;
+- ``verified``: signed by a key the enrolled-edges file (:mod:`precursor.contracts.enrollment`) lists for its edge_id;
 - ``unsigned``: no signature (an edge not enrolled yet, or an agent older than heartbeat schema 2);
 - ``forged``: a signature that does not hold: made by a key not enrolled for that edge (another edge's, or none the
   fleet knows), over other bytes than the heartbeat carries, or not a signature at all.
@@ -12,7 +12,7 @@ is configured or the edge runs no artifact, e.g. a built-in baseline).
 
 >>> import tempfile
 >>> from pathlib import Path
->>> from contracts.messages import Heartbeat
+>>> from precursor.contracts.messages import Heartbeat
 >>> from edge_agent.identity import EdgeIdentity, enroll
 >>> state = Path(tempfile.mkdtemp())
 >>> enrolled = Path(tempfile.mkdtemp()) / "enrolled-edges"
@@ -37,12 +37,12 @@ from typing import Any, Literal
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from contracts.enrollment import EnrolledKey, EnrollmentError, parse_enrolled_edges
-from contracts.messages import Heartbeat
-from contracts.object_store import as_location, filesystem
 from models.registry import MANIFEST_FILE, artifact_sha256, manifest_sha256
 from models.signing import SignatureError, key_id, public_key_from_text, verify
 from pipelines.records import HeartbeatRecord, heartbeat_record
+from precursor.contracts.enrollment import EnrolledKey, EnrollmentError, parse_enrolled_edges
+from precursor.contracts.messages import Heartbeat
+from precursor.contracts.object_store import as_location, filesystem
 
 Trust = Literal["verified", "unsigned", "forged"]
 TRUST_STATES: tuple[Trust, ...] = ("verified", "unsigned", "forged")

@@ -33,10 +33,10 @@ from apache_beam.runners.runner import PipelineResult
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contracts.settings import PrecursorSettings
 from infra.flink_cluster import FLINK_CLUSTER_LOGGING_POM
 from infra.go_tools import GoInstallError, go_install
 from infra.maven_jars import pom_digest, resolve_runtime_jars
+from precursor.contracts.settings import PrecursorSettings
 
 LOCAL = "local"
 PRISM = "prism"

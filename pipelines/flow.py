@@ -46,15 +46,15 @@ from kafka.errors import KafkaError
 from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contracts.messages import EdgeFlow, Heartbeat
-from contracts.settings import KafkaSettings
 from infra.energy import Cost, EnergySettings, PowerModel, estimate
 from infra.kafka_admin import BrokerUnreachable, TopicBacklog, check_reachable, consumer_lag
 from pipelines.edge_trust import HeartbeatJudge
 from pipelines.run_log import CONSUMER, ingest_group
-from store.db import StoreBusy
-from store.queries import reading
-from store.runs import consumer_positions, last_run, latest_edge_flows, runs_since, table_rows
+from precursor.contracts.messages import EdgeFlow, Heartbeat
+from precursor.contracts.settings import KafkaSettings
+from precursor.store.db import StoreBusy
+from precursor.store.queries import reading
+from precursor.store.runs import consumer_positions, last_run, latest_edge_flows, runs_since, table_rows
 
 log = logging.getLogger("precursor.flow")
 

@@ -28,18 +28,6 @@ from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 from pydantic import ValidationError
 
-from contracts.messages import (
-    ContractError,
-    DeadLetter,
-    EdgeEvent,
-    EdgeMessage,
-    Heartbeat,
-    Prediction,
-    TelemetrySummary,
-    decode,
-    encode,
-)
-from contracts.settings import KafkaSettings
 from pipelines.edge_trust import HeartbeatJudge, JudgedHeartbeatRecords
 from pipelines.kafka_io import KafkaRecord, PartitionRange, ProduceToKafka, ReadKafkaRanges
 from pipelines.records import (
@@ -54,7 +42,19 @@ from pipelines.records import (
     to_micros,
 )
 from pipelines.run_log import WRITE_MS
-from store import PredictionStore
+from precursor.contracts.messages import (
+    ContractError,
+    DeadLetter,
+    EdgeEvent,
+    EdgeMessage,
+    Heartbeat,
+    Prediction,
+    TelemetrySummary,
+    decode,
+    encode,
+)
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import PredictionStore
 
 DEAD = "dead"
 NAMESPACE = "precursor"

@@ -18,7 +18,7 @@ from dataclasses import astuple, dataclass
 import apache_beam as beam
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from contracts.settings import KafkaSettings
+from precursor.contracts.settings import KafkaSettings
 
 
 @dataclass(frozen=True)

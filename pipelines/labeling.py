@@ -16,7 +16,8 @@ The dataset (what a retraining loop needs):
 
 - Parquet, one file per day of window end: ``<dataset>/day=YYYY-MM-DD/part-0.parquet`` (Hive partitioning, so
   DuckDB, pyarrow and Spark read the folder as one table with a ``day`` column), rows sorted by machine and time.
-  ``<dataset>`` is a local folder or an object store URL (``s3://bucket/labeled``, see :mod:`contracts.object_store`);
+  ``<dataset>`` is a local folder or an object store URL (``s3://bucket/labeled``, see
+  :mod:`precursor.contracts.object_store`);
   workers that write days open it with the object store settings of their own environment, so no credential travels
   inside the pipeline.
 - One row per final prediction: ``machine_id``, ``window_start``, ``window_end``, ``horizon_h`` (the window is the
@@ -58,12 +59,12 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
-from contracts.object_store import ObjectStoreSettings, as_location, describe, filesystem, is_local, join
-from contracts.outcomes import ANY_FAILURE, OK, failure_kind
 from pipelines.engines import LOCAL, EngineSettings, counters, engine
 from pipelines.records import HOUR_US, MICROS
 from pipelines.settings import PipelineSettings
 from pipelines.snapshot import take_snapshot
+from precursor.contracts.object_store import ObjectStoreSettings, as_location, describe, filesystem, is_local, join
+from precursor.contracts.outcomes import ANY_FAILURE, OK, failure_kind
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem

@@ -38,8 +38,6 @@ import pyarrow as pa
 from apache_beam.transforms.window import GlobalWindows, SlidingWindows, TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
-from contracts.object_store import as_location
-from contracts.outcomes import ANY_FAILURE, OK
 from pipelines.drift import DriftReference, psi, risk_bin, shares
 from pipelines.engines import LOCAL, EngineSettings, engine
 from pipelines.labeling import ReadParquetRows as ReadStoreRows
@@ -47,7 +45,9 @@ from pipelines.labeling import StoredEvent, StoredPrediction, dataset_glob, day_
 from pipelines.records import MICROS, from_micros, to_micros
 from pipelines.settings import PipelineSettings
 from pipelines.snapshot import take_snapshot
-from store import PredictionStore
+from precursor.contracts.object_store import as_location
+from precursor.contracts.outcomes import ANY_FAILURE, OK
+from precursor.store import PredictionStore
 
 FLEET = "*"
 UTC_MICROS = pa.timestamp("us", tz="UTC")

@@ -6,7 +6,7 @@ its fast primitive coder, where a pydantic object (or even a NamedTuple) falls b
 at every shuffle. The NamedTuples below name the fields for readers; stages emit ``tuple(record)`` and rebuild the
 names with ``Record(*row)`` where they read fields.
 
->>> from contracts.messages import Prediction
+>>> from precursor.contracts.messages import Prediction
 >>> p = Prediction(edge_id="e1", seq=3, machine_id="pump-1", window_start="2026-01-01T00:00:00Z",
 ...                window_end="2026-01-01T00:30:00Z", horizon_h=24, risk={"failure": 0.5, "bearing": 0.25},
 ...                model_name="lm", model_version="2", emitted_at="2026-01-01T00:31:00Z")
@@ -23,7 +23,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
-from contracts.messages import EdgeEvent, Heartbeat, Prediction, TelemetrySummary, event_detail, event_kind
+from precursor.contracts.messages import EdgeEvent, Heartbeat, Prediction, TelemetrySummary, event_detail, event_kind
 
 MICROS = 1_000_000
 HOUR_US = 3600 * MICROS

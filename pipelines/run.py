@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from contracts.settings import KafkaSettings
 from infra.energy import CostMeter
 from pipelines.alerts import RaiseAlerts
 from pipelines.edge_trust import HeartbeatJudge
@@ -27,7 +26,8 @@ from pipelines.ingest import NAMESPACE, IngestEvents, IngestHeartbeats, IngestPr
 from pipelines.kafka_io import PartitionRange, TopicMissing, plan_ranges
 from pipelines.run_log import CONSUMER, distributions, record_run
 from pipelines.settings import PipelineSettings
-from store import Offset, PredictionStore
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import Offset, PredictionStore
 
 
 @dataclass

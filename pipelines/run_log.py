@@ -1,4 +1,4 @@
-"""After each ingest run: keep what it did in the store (:mod:`store.runs`) and tell Kafka how far it got.
+"""After each ingest run: keep what it did in the store (:mod:`precursor.store.runs`) and tell Kafka how far it got.
 
 The store's ``consumer_offsets`` stay the truth a run resumes from (committed with the rows they cover). The same
 offsets are mirrored to a Kafka consumer group, :func:`ingest_group`, so Kafka's own tools and the flow view see the
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 from kafka.errors import KafkaError
 
-from contracts.settings import KafkaSettings
 from infra.energy import CostMeter
 from infra.kafka_admin import commit_group_offsets
-from store.runs import PipelineRun, record_pipeline_run
+from precursor.contracts.settings import KafkaSettings
+from precursor.store.runs import PipelineRun, record_pipeline_run
 
 if TYPE_CHECKING:  # Beam is not imported here: the flow view (in the API) reads ingest_group without it
     from apache_beam.runners.runner import PipelineResult

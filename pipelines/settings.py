@@ -3,7 +3,8 @@
 One settings object, read from ``PRECURSOR_PIPELINE_*`` variables (or built in code and passed in), so a test or a
 flow swaps it without patching anything.
 
-Alerts are raised at each prediction's own threshold (the model's operating point, see :mod:`contracts.alerting`);
+Alerts are raised at each prediction's own threshold (the model's operating point, see
+:mod:`precursor.contracts.alerting`);
 ``alert_model_thresholds`` (per model name, e.g. ``PRECURSOR_PIPELINE_ALERT_MODEL_THRESHOLDS='{"precursor-lm": 0.3}'``)
 and ``alert_threshold`` (every model) override it for a fleet.
 
@@ -28,9 +29,9 @@ from typing import Annotated
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contracts.alerting import DEFAULT_THRESHOLD, AlertRule
-from contracts.durations import Duration
-from contracts.object_store import Location
+from precursor.contracts.alerting import DEFAULT_THRESHOLD, AlertRule
+from precursor.contracts.durations import Duration
+from precursor.contracts.object_store import Location
 
 Threshold = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 

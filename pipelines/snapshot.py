@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from store import connect
-from store.location import is_postgres
+from precursor.store import connect
+from precursor.store.location import is_postgres
 
 PREDICTION_QUERY = """
 SELECT edge_id, seq, machine_id, epoch_us(window_start) AS window_start_us, epoch_us(window_end) AS window_end_us,
@@ -43,7 +43,7 @@ def take_snapshot(store_path: str | Path, folder: str | Path) -> Snapshot:
     folder.mkdir(parents=True, exist_ok=True)
     predictions, events = folder / "predictions.parquet", folder / "events.parquet"
     if is_postgres(store_path):
-        from store.postgres import read_consistent  # psycopg and sqlglot: only for a PostgreSQL store
+        from precursor.store.postgres import read_consistent  # psycopg and sqlglot: only for a PostgreSQL store
 
         with connect(store_path, read_only=True) as pg:
             rows = read_consistent(pg, [PREDICTION_QUERY, EVENT_QUERY])  # type: ignore[arg-type]

@@ -103,9 +103,9 @@ def edge_enroll(
     verifies the edge's signed heartbeats. An edge that has a key keeps it; the line is printed again."""
     from pydantic import TypeAdapter, ValidationError
 
-    from contracts.messages import Identifier
     from edge_agent.config import ConfigError, EdgeConfig
     from edge_agent.identity import enroll
+    from precursor.contracts.messages import Identifier
 
     if config is not None:
         if edge_id is not None or state_dir is not None:

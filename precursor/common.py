@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from contracts.durations import parse_duration
-from contracts.formats import parse_timestamp
-from contracts.settings import PrecursorSettings
+from precursor.contracts.durations import parse_duration
+from precursor.contracts.formats import parse_timestamp
+from precursor.contracts.settings import PrecursorSettings
 from precursor.output import OutputFormat
 
 StoreOption = Annotated[

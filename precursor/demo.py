@@ -27,7 +27,6 @@ import typer
 import yaml
 from transformers.utils import logging as transformers_logging
 
-from contracts.settings import PrecursorSettings
 from edge_agent.identity import enroll
 from infra.kafka_admin import admin_client, ensure_topics
 from infra.kafka_broker import LocalKafka
@@ -35,9 +34,10 @@ from models.signing import generate_keypair
 from models.train import TrainSettings, train
 from pipelines.run import run_once
 from pipelines.settings import PipelineSettings
+from precursor.contracts.settings import PrecursorSettings
 from precursor.output import show
-from simulator import FleetConfig, FleetFiles, write_fleet
-from store.queries import at_risk, counts_per_edge
+from precursor.simulator import FleetConfig, FleetFiles, write_fleet
+from precursor.store.queries import at_risk, counts_per_edge
 
 SITES = ("plant-a", "plant-b")
 

@@ -59,10 +59,10 @@ def explain_command(
 ) -> None:
     """Why a prediction: rebuild one machine's window from the telemetry where it lies, score it with the signed
     model the edge runs and explain it by occlusion, whatever its risk."""
-    from contracts.durations import parse_duration
     from edge_agent.config import ConfigError, EdgeConfig, ModelSpec
     from models.dataset import DatasetError, Fleet, WindowSpec, build_windows
     from models.explain import ExplainSettings, explainer_for
+    from precursor.contracts.durations import parse_duration
 
     if (config is None) == (model is None):
         raise fail("give either --config (an edge's) or --model with --trusted-keys")
@@ -186,7 +186,7 @@ def _window_end(fleet: Any, machine: str, at: str | None, every_s: float) -> int
 
 
 def _stored(path: Path, machine: str, end: datetime) -> list[dict[str, Any]]:
-    from store.queries import reading
+    from precursor.store.queries import reading
 
     try:
         with reading(path) as store:

@@ -34,10 +34,10 @@ def cluster(
 ) -> LocalFlinkCluster:
     """The cluster of these settings, its jars resolved (the runner's must be installed; the logging backend's are
     resolved here on first use)."""
-    from contracts.settings import PrecursorSettings
     from infra.flink_cluster import FLINK_CLUSTER_LOGGING_POM, LocalFlinkCluster
     from infra.maven_jars import JarResolutionError, MissingToolError, pom_digest, resolve_runtime_jars
     from pipelines.engines import FLINK_POM, EngineSettings
+    from precursor.contracts.settings import PrecursorSettings
 
     engines = EngineSettings()
     jars = engines.flink_jars_root / pom_digest(FLINK_POM)

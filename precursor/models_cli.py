@@ -12,9 +12,9 @@ from typing import Annotated
 
 import typer
 
-from contracts.durations import parse_duration
 from models.progress import NO_PROGRESS, Progress
 from precursor.common import fail
+from precursor.contracts.durations import parse_duration
 
 log = logging.getLogger(__name__)
 
@@ -148,10 +148,10 @@ def train_command(
     """Train the telemetry language model; choose its alert threshold on a validation period at the end of the data."""
     from pydantic import ValidationError
 
-    from contracts.messages import ContractError
     from models.dataset import DatasetError, MachineSplit
     from models.tokenizer import TokenizerError
     from models.train import TrainSettings, describe, train
+    from precursor.contracts.messages import ContractError
 
     horizon_h = _hours(horizon, "--horizon")
     if scaling not in ("machine", "fleet"):
@@ -232,10 +232,10 @@ def evaluate_command(
     progress: ProgressOption = False,
 ) -> None:
     """Evaluate the model and two baselines on the same test windows, each at its validation-chosen threshold."""
-    from contracts.messages import ContractError
     from models.dataset import DatasetError, MachineSplit
     from models.evaluate import evaluate
     from models.tokenizer import TokenizerError
+    from precursor.contracts.messages import ContractError
 
     horizon_h = _hours(horizon, "--horizon") if horizon is not None else None
     try:

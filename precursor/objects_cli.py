@@ -9,10 +9,10 @@ from typing import Annotated
 
 import typer
 
-from contracts.settings import PrecursorSettings
 from infra.maven_jars import MissingToolError
 from infra.object_store_server import LocalS3, ObjectStoreServerError, install_s3_server
 from precursor.common import fail
+from precursor.contracts.settings import PrecursorSettings
 
 objects_app = typer.Typer(
     help="A local S3-compatible server, for pointing the labeled dataset and the model registry at s3:// URLs.",

@@ -12,9 +12,9 @@ from typing import Annotated
 
 import typer
 
-from contracts.object_store import ObjectStoreError, as_location
-from contracts.settings import KafkaSettings, PrecursorSettings
 from precursor.common import FormatOption, StoreOption, fail, store_path
+from precursor.contracts.object_store import ObjectStoreError, as_location
+from precursor.contracts.settings import KafkaSettings, PrecursorSettings
 from precursor.output import show
 
 pipeline_app = typer.Typer(help="Apache Beam pipelines: ingest and alerts, labeling, monitoring.", no_args_is_help=True)
@@ -60,11 +60,11 @@ def pipeline_run(
     beam_arg: BeamArgOption = None,
 ) -> None:
     """Kafka predictions and events -> validate -> dead-letter -> drop duplicates -> store, and alerts."""
-    from contracts.enrollment import EnrollmentError
     from infra.kafka_admin import BrokerUnreachable, check_reachable
     from pipelines.engines import EngineError
     from pipelines.run import RunReport, run_once
     from pipelines.run import follow as follow_topics
+    from precursor.contracts.enrollment import EnrollmentError
 
     settings = KafkaSettings()
     try:

@@ -18,7 +18,7 @@ from precursor.common import FormatOption, JsonFlag, StoreOption, fail, since_ti
 from precursor.output import OutputFormat, show
 
 if TYPE_CHECKING:
-    from store.queries import StoreReader
+    from precursor.store.queries import StoreReader
 
 query_app = typer.Typer(
     help="Ask the prediction store the common questions, or any read-only SQL.", no_args_is_help=True
@@ -67,7 +67,7 @@ def _format(fmt: OutputFormat, as_json: bool) -> OutputFormat:
 
 
 def _until(until: str | None) -> datetime | None:
-    from store.queries import parse_time_bound
+    from precursor.store.queries import parse_time_bound
 
     if until is None:
         return None
@@ -78,7 +78,7 @@ def _until(until: str | None) -> datetime | None:
 
 
 def _range(since: str | None, until: str | None) -> tuple[datetime | None, datetime | None]:
-    from store.queries import check_range
+    from precursor.store.queries import check_range
 
     start, end = since_time(since), _until(until)
     try:
@@ -90,8 +90,8 @@ def _range(since: str | None, until: str | None) -> tuple[datetime | None, datet
 
 @contextmanager
 def _store(store: Path | None) -> Iterator[StoreReader]:
-    from store.db import StoreBusy
-    from store.queries import reading
+    from precursor.store.db import StoreBusy
+    from precursor.store.queries import reading
 
     try:
         with reading(store_path(store)) as reader:
@@ -211,7 +211,7 @@ def query_machine(
     """One machine's history: its failures with lead times, then its predictions, newest first.
 
     CSV has one table: the predictions (use ``query failures --machine`` for the failures)."""
-    from store.queries import DEFAULT_THRESHOLD
+    from precursor.store.queries import DEFAULT_THRESHOLD
 
     start, end = _range(since, until)
     level = DEFAULT_THRESHOLD if threshold is None else threshold
@@ -267,7 +267,7 @@ def query_failures(
     as_json: JsonFlag = False,
 ) -> None:
     """Failures, newest first, with when they were first warned of and the lead time that gave."""
-    from store.queries import DEFAULT_THRESHOLD
+    from precursor.store.queries import DEFAULT_THRESHOLD
 
     start, end = _range(since, until)
     with _store(store) as reader:
@@ -387,8 +387,8 @@ def query_quality(
     as_json: JsonFlag = False,
 ) -> None:
     """Precision and recall per model version over time (the monitoring pipeline's metrics where it wrote any)."""
-    from contracts.durations import parse_duration
-    from store.queries import DEFAULT_THRESHOLD
+    from precursor.contracts.durations import parse_duration
+    from precursor.store.queries import DEFAULT_THRESHOLD
 
     try:
         width = parse_duration(bucket)
@@ -429,7 +429,7 @@ def query_sql(
     as_json: JsonFlag = False,
 ) -> None:
     """Raw read-only SQL over the store. Anything that would write, or reach files or the network, is refused."""
-    from store.queries import SqlRejected
+    from precursor.store.queries import SqlRejected
 
     text = typer.get_text_stream("stdin").read() if statement == "-" else statement
     try:

@@ -43,9 +43,9 @@ def serve_command(
     import uvicorn
     from pydantic import ValidationError
 
-    from api.app import create_app
-    from api.settings import ApiSettings
-    from contracts.settings import KafkaSettings, PrecursorSettings
+    from precursor.api.app import create_app
+    from precursor.api.settings import ApiSettings
+    from precursor.contracts.settings import KafkaSettings, PrecursorSettings
 
     overrides: dict[str, object] = {}
     if host is not None:
@@ -66,7 +66,7 @@ def serve_command(
         app = create_app(settings, KafkaSettings())
     except (ValidationError, ValueError) as err:
         raise fail(str(err)) from None
-    from store.location import redact
+    from precursor.store.location import redact
 
     typer.echo(
         f"dashboard: http://{settings.host}:{settings.port}/dashboard/  API: /api/v1  "

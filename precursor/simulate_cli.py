@@ -9,10 +9,10 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from simulator.config import DEFAULT_START, FleetConfig
-from simulator.files import FORMATS, write_fleet
-from simulator.physics import FAILURE_KINDS
-from simulator.profiles import PROFILES
+from precursor.simulator.config import DEFAULT_START, FleetConfig
+from precursor.simulator.files import FORMATS, write_fleet
+from precursor.simulator.physics import FAILURE_KINDS
+from precursor.simulator.profiles import PROFILES
 
 
 def _config_error(err: ValidationError) -> str:
@@ -38,7 +38,7 @@ def simulate_command(
         str | None,
         typer.Option(
             help=f"A kind of fleet: {', '.join(PROFILES)} (options given explicitly win over its preset; "
-            "see simulator/profiles.py)."
+            "see precursor/simulator/profiles.py)."
         ),
     ] = None,
     machines: Annotated[int | None, typer.Option(min=1, help="Number of machines in the fleet. (default: 10)")] = None,

@@ -71,11 +71,11 @@ def status_command(
     rule it prints, and CPU and energy per 1,000 predictions."""
     from pydantic import ValidationError
 
-    from contracts.durations import parse_duration
-    from contracts.settings import KafkaSettings
     from infra.energy import EnergySettings
     from pipelines.flow import FlowSettings, flow_report
     from pipelines.settings import PipelineSettings
+    from precursor.contracts.durations import parse_duration
+    from precursor.contracts.settings import KafkaSettings
 
     try:
         overrides: dict[str, object] = {}

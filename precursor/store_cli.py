@@ -29,8 +29,8 @@ StateDirOption = Annotated[Path | None, typer.Option("--state-dir", help="[defau
 
 
 def server(state_dir: Path | None) -> LocalPostgres:
-    from contracts.settings import PrecursorSettings
     from infra.postgres_server import LocalPostgres
+    from precursor.contracts.settings import PrecursorSettings
 
     return LocalPostgres((state_dir or PrecursorSettings().state_dir) / "postgres")
 
@@ -45,7 +45,7 @@ def up(
     """Make (once) and start the server and its database; print the settings that point Precursor at it."""
     from infra.maven_jars import MissingToolError
     from infra.postgres_server import PostgresServerError
-    from store import connect
+    from precursor.store import connect
 
     chosen = server(state_dir)
     try:

@@ -22,16 +22,16 @@ from pathlib import Path
 import numpy as np
 import uvicorn
 
-from contracts.alerting import AlertRule
-from contracts.messages import EdgeEvent, Event, Heartbeat, Prediction, Reason, ReasonDetail, TelemetrySummary
 from edge_agent.config import WindowSpec
 from edge_agent.parsing import Reading
 from edge_agent.summaries import TelemetrySummarizer, summary_messages
 from edge_agent.windows import WindowBuilder
 from pipelines.alerts import AlertChange, MachineAlerts, Timeline, WriteAlertState, advance
 from pipelines.records import from_micros, prediction_record
-from simulator import FleetConfig, simulate_fleet
-from store import connect
+from precursor.contracts.alerting import AlertRule
+from precursor.contracts.messages import EdgeEvent, Event, Heartbeat, Prediction, Reason, ReasonDetail, TelemetrySummary
+from precursor.simulator import FleetConfig, simulate_fleet
+from precursor.store import connect
 from tests.fixtures_store import store_messages
 
 TOKEN = "test-token-0123456789abcdef"
@@ -87,7 +87,7 @@ SIGNATURE_SENSOR = {
     "electrical": "motor_current",
     "clog": "flow",
 }
-"""The sensor each failure kind shows on first (simulator.physics): what an edge's explanation names."""
+"""The sensor each failure kind shows on first (precursor.simulator.physics): what an edge's explanation names."""
 
 
 def _reasons(risk: dict[str, float]) -> list[Reason] | None:

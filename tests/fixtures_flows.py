@@ -16,7 +16,7 @@ from flows.settings import RetrainSettings
 from models.dataset import Fleet, build_windows
 from models.signing import KeyPair, generate_keypair
 from models.train import TrainSettings
-from simulator import FleetConfig, write_fleet
+from precursor.simulator import FleetConfig, write_fleet
 
 HORIZON_H = 24.0
 TRAINING = TrainSettings(

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from contracts.object_store import ObjectStoreSettings
 from infra.object_store_server import LocalS3, install_s3_server
+from precursor.contracts.object_store import ObjectStoreSettings
 
 SECRET = f"s3-secret-{uuid.uuid4().hex}"
 """The secret key the tests sign with: the server checks none, so the tests can look for it wherever it must not be."""

@@ -12,12 +12,12 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from contracts.messages import EdgeMessage
-from contracts.settings import KafkaSettings
 from pipelines.edge_trust import HeartbeatJudge
 from pipelines.ingest import IngestEvents, IngestHeartbeats, IngestPredictions, IngestTelemetrySummaries
-from store import PredictionStore
-from store.queries import reading
+from precursor.contracts.messages import EdgeMessage
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import PredictionStore
+from precursor.store.queries import reading
 
 INGESTS = (IngestPredictions, IngestEvents, IngestHeartbeats, IngestTelemetrySummaries)
 

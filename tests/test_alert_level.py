@@ -5,11 +5,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.alerting import AlertRule
 from models.alert_level import AlertSpan, FailureAt, alert_outcomes, alert_spans
 from models.evaluate import ScoredWindow
 from pipelines.alerts import Timeline, advance
 from pipelines.records import PredictionRecord
+from precursor.contracts.alerting import AlertRule
 
 HOUR = 3600
 HOUR_US = HOUR * 10**6

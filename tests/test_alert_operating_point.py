@@ -14,13 +14,13 @@ from fastapi.testclient import TestClient
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
-from api.app import create_app
-from api.settings import ApiSettings
-from contracts.messages import Prediction
-from contracts.settings import KafkaSettings
 from pipelines.run import run_once
 from pipelines.settings import PipelineSettings
-from store import connect
+from precursor.api.app import create_app
+from precursor.api.settings import ApiSettings
+from precursor.contracts.messages import Prediction
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import connect
 from tests.fixtures_api import TOKEN, serving
 from tests.fixtures_browser import browser, read, wait_for  # noqa: F401 (a fixture)
 from tests.test_pipeline_alerts import consumed_alerts, produce

@@ -29,8 +29,8 @@ from types import ModuleType
 
 import pytest
 
-from contracts.settings import KafkaSettings
-from store import connect
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import connect
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import DASHBOARD_DIR, create_app
-from api.settings import ApiSettings
-from contracts.settings import KafkaSettings
+from precursor.api.app import DASHBOARD_DIR, create_app
+from precursor.api.settings import ApiSettings
+from precursor.contracts.settings import KafkaSettings
 from tests.fixtures_api import TOKEN, SimulatedStore, fill_store
 from tests.fixtures_store import store_digest
 

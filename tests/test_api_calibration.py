@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.settings import ApiSettings
-from contracts.settings import KafkaSettings
 from models.calibration import Calibration, reliability_bins
 from models.registry import ModelRegistry, sign_artifact
 from models.signing import generate_keypair, load_private_key, load_public_keys
+from precursor.api.app import create_app
+from precursor.api.settings import ApiSettings
+from precursor.contracts.settings import KafkaSettings
 from tests.fixtures_api import TOKEN
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -22,9 +22,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from api.app import create_app
-from api.settings import ApiSettings
-from contracts.settings import KafkaSettings
+from precursor.api.app import create_app
+from precursor.api.settings import ApiSettings
+from precursor.contracts.settings import KafkaSettings
 from tests.fixtures_api import TOKEN, SimulatedStore, fill_store, serving
 from tests.fixtures_store import store_digest
 

@@ -13,10 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 from kafka import KafkaProducer
 
-from api.app import create_app
-from api.settings import ApiSettings
-from contracts.messages import Alert, Prediction, encode
-from contracts.settings import KafkaSettings
+from precursor.api.app import create_app
+from precursor.api.settings import ApiSettings
+from precursor.contracts.messages import Alert, Prediction, encode
+from precursor.contracts.settings import KafkaSettings
 from tests.fixtures_api import TOKEN, serving
 
 pytestmark = pytest.mark.integration

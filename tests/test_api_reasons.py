@@ -12,10 +12,10 @@ import duckdb
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.settings import ApiSettings
-from contracts.settings import KafkaSettings
-from store import connect
+from precursor.api.app import create_app
+from precursor.api.settings import ApiSettings
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import connect
 from tests.fixtures_api import TOKEN, SimulatedStore, fill_store
 from tests.test_query_cli import run
 

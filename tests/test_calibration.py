@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from contracts.outcomes import ANY_FAILURE
 from models.calibration import (
     IDENTITY,
     MIN_POSITIVES,
@@ -37,6 +36,7 @@ from models.scoring import Window
 from models.signing import generate_keypair, load_private_key, load_public_keys
 from models.tokenizer import TelemetryTokenizer
 from models.train import TrainSettings, train
+from precursor.contracts.outcomes import ANY_FAILURE
 from precursor.models_cli import evaluate_command
 from tests.test_lm_training import TINY, write_tiny_fleet
 

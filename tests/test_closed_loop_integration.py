@@ -29,8 +29,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from contracts.formats import TelemetryTable
-from contracts.settings import KafkaSettings
 from edge_agent.config import EdgeConfig
 from edge_agent.daemon import AgentDaemon
 from flows.drift_check import drift_check
@@ -49,9 +47,11 @@ from pipelines.labeling import read_dataset, run_labeling
 from pipelines.monitoring import run_monitoring
 from pipelines.run import run_once
 from pipelines.settings import PipelineSettings
-from simulator import FleetConfig, simulate_fleet
-from simulator.fleet import FleetData
-from store import connect
+from precursor.contracts.formats import TelemetryTable
+from precursor.contracts.settings import KafkaSettings
+from precursor.simulator import FleetConfig, simulate_fleet
+from precursor.simulator.fleet import FleetData
+from precursor.store import connect
 
 pytest_plugins = ["tests.fixtures_prefect"]
 pytestmark = pytest.mark.integration
@@ -149,7 +149,7 @@ def write_generic(fleet: Fleet, folder: Path) -> tuple[Path, Path, Path]:
 
 def jsonl_lines(data: FleetData, *, until: str | None = None, since: str | None = None) -> list[str]:
     """The edge's input as a collector would log it: readings and events in time order, one JSON object a line."""
-    from contracts.formats import parse_timestamp
+    from precursor.contracts.formats import parse_timestamp
 
     lo = parse_timestamp(since).timestamp() if since else -np.inf
     hi = parse_timestamp(until).timestamp() if until else np.inf

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from contracts import ContractError, EdgeEvent, KafkaSettings, Prediction, TelemetryReading, decode, encode
-from contracts.formats import RowError, iter_telemetry, parse_timestamp
+from precursor.contracts import ContractError, EdgeEvent, KafkaSettings, Prediction, TelemetryReading, decode, encode
+from precursor.contracts.formats import RowError, iter_telemetry, parse_timestamp
 
 PREDICTION = {
     "edge_id": "edge-1",

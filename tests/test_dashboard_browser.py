@@ -16,11 +16,11 @@ from kafka import KafkaProducer
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
-from api.app import create_app
-from api.settings import ApiSettings
-from contracts.messages import Prediction, encode
-from contracts.settings import KafkaSettings
-from store import PredictionStore, connect
+from precursor.api.app import create_app
+from precursor.api.settings import ApiSettings
+from precursor.contracts.messages import Prediction, encode
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import PredictionStore, connect
 from tests.fixtures_api import TOKEN, SimulatedStore, fill_store, serving
 from tests.fixtures_browser import browser, click, read, screenshot, wait_for  # noqa: F401 (browser: a fixture)
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from selenium import webdriver
 
-from api.app import create_app
-from api.settings import ApiSettings
-from contracts.settings import KafkaSettings
+from precursor.api.app import create_app
+from precursor.api.settings import ApiSettings
+from precursor.contracts.settings import KafkaSettings
 from tests.fixtures_api import TOKEN, fill_store, serving
 from tests.fixtures_browser import browser, wait_for
 

@@ -10,9 +10,9 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
-from api.app import create_app
-from api.settings import ApiSettings
-from contracts.settings import KafkaSettings
+from precursor.api.app import create_app
+from precursor.api.settings import ApiSettings
+from precursor.contracts.settings import KafkaSettings
 from tests.fixtures_api import TOKEN, fill_store, serving
 from tests.fixtures_browser import browser, click, read, screenshot, wait_for  # noqa: F401 (browser: a fixture)
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from contracts.messages import EdgeEvent, Prediction
 from edge_agent.agent import EdgeAgent
 from edge_agent.config import ConfigError, EdgeConfig
 from edge_agent.scorers import load_scorer
 from edge_agent.sources import FileReplay
+from precursor.contracts.messages import EdgeEvent, Prediction
 
 
 class ListSink:

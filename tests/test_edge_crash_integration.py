@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from contracts.settings import KafkaSettings
 from edge_agent.config import MqttSource
 from edge_agent.mqtt import MqttSubscription
 from pipelines.run import run_once
+from precursor.contracts.settings import KafkaSettings
 from tests.fixtures_edge import Mosquitto, TelemetryWriter, expected_windows, wait_for
 from tests.test_edge_outage_integration import stored_predictions
 

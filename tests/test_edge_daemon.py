@@ -17,11 +17,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from contracts.messages import Heartbeat, Prediction, decode
 from edge_agent.config import EdgeConfig
 from edge_agent.daemon import AgentDaemon, main
 from edge_agent.outbox import Outbox
 from infra.kafka_broker import free_ports
+from precursor.contracts.messages import Heartbeat, Prediction, decode
 from tests.fixtures_edge import wait_for
 
 REPO = Path(__file__).resolve().parents[1]

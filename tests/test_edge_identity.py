@@ -17,8 +17,6 @@ import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from typer.testing import CliRunner
 
-from contracts.enrollment import EnrollmentError, parse_enrolled_edges
-from contracts.messages import ContractError, Heartbeat, HeartbeatSignature, decode, encode
 from edge_agent.agent import EdgeAgent
 from edge_agent.config import EdgeConfig
 from edge_agent.daemon import AgentDaemon
@@ -28,8 +26,10 @@ from edge_agent.scorers import load_scorer
 from models.signing import load_public_key, public_key_text
 from pipelines.edge_trust import HeartbeatJudge, release_hashes
 from precursor.cli import app
-from store import PredictionStore, connect
-from store.queries import reading
+from precursor.contracts.enrollment import EnrollmentError, parse_enrolled_edges
+from precursor.contracts.messages import ContractError, Heartbeat, HeartbeatSignature, decode, encode
+from precursor.store import PredictionStore, connect
+from precursor.store.queries import reading
 from tests.test_edge_agent import ListSink
 
 runner = CliRunner()

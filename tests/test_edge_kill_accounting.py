@@ -29,8 +29,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from contracts.messages import Prediction
-from contracts.settings import KafkaSettings
 from edge_agent.agent import EdgeAgent
 from edge_agent.checkpoint import readings_accepted
 from edge_agent.config import EdgeConfig
@@ -38,7 +36,9 @@ from edge_agent.quarantine import Quarantine
 from edge_agent.scorers import load_scorer
 from edge_agent.sources import FileReplay
 from pipelines.run import run_once
-from store import connect
+from precursor.contracts.messages import Prediction
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import connect
 from tests.test_edge_agent import ListSink
 
 pytestmark = pytest.mark.integration

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from contracts.messages import Heartbeat
-from contracts.settings import KafkaSettings
 from edge_agent.outbox import Outbox
 from edge_agent.sender import OutboxSender
+from precursor.contracts.messages import Heartbeat
+from precursor.contracts.settings import KafkaSettings
 
 
 class _Listener:

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from contracts.messages import Heartbeat
-from contracts.settings import KafkaSettings
 from edge_agent.outbox import Outbox
 from edge_agent.publisher import KafkaPublisher, TopicsMissing
 from edge_agent.sender import OutboxSender
 from infra.kafka_admin import admin_client, ensure_topics
 from infra.kafka_broker import LocalKafka
+from precursor.contracts.messages import Heartbeat
+from precursor.contracts.settings import KafkaSettings
 
 MISSING = "has no topic"
 KAFKA_PYTHON_REPEAT = "not found in cluster metadata"

@@ -22,8 +22,6 @@ from hypothesis import strategies as st
 from kafka import KafkaConsumer, KafkaProducer
 from typer.testing import CliRunner
 
-from contracts.messages import Heartbeat, ModelRelease, decode, encode
-from contracts.settings import KafkaSettings
 from edge_agent.config import EdgeConfig, SelfTestSpec
 from edge_agent.daemon import AgentDaemon
 from edge_agent.scorers import RunningModel, ScorerSlot, load_lm, load_running
@@ -33,6 +31,8 @@ from models.registry import pack, release_for
 from models.releases import ReleaseSigner
 from models.scoring import Window
 from models.signing import generate_keypair, load_private_key
+from precursor.contracts.messages import Heartbeat, ModelRelease, decode, encode
+from precursor.contracts.settings import KafkaSettings
 from precursor.keys_cli import keys_command
 from tests.fixtures_edge import TelemetryWriter, build_artifact, resign, wait_for
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from contracts.messages import Prediction, decode
 from edge_agent.config import EdgeConfig, MqttSource
 from edge_agent.daemon import AgentDaemon
 from edge_agent.mqtt import MqttSubscription
 from edge_agent.outbox import Outbox
 from edge_agent.parsing import Reading
 from edge_agent.telemetry_source import SourceBatch
+from precursor.contracts.messages import Prediction, decode
 from tests.fixtures_edge import Mosquitto, publisher, wait_for
 
 pytestmark = pytest.mark.integration

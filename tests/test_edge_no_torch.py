@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from contracts.outcomes import ANY_FAILURE
 from models.export import export_artifact
 from models.runtime import LMScorer
 from models.scoring import Window
 from models.signing import generate_keypair, load_public_keys
+from precursor.contracts.outcomes import ANY_FAILURE
 from tests.test_export import train_checkpoint, validation_ids, windows
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

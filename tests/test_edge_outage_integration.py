@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from contracts.messages import Prediction, decode
-from contracts.settings import KafkaSettings
 from edge_agent.config import EdgeConfig
 from edge_agent.daemon import AgentDaemon
 from infra.kafka_broker import LocalKafka
 from pipelines.run import run_once
-from store import connect
+from precursor.contracts.messages import Prediction, decode
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import connect
 from tests.fixtures_edge import TelemetryWriter, expected_windows, wait_for
 
 pytestmark = pytest.mark.integration

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from contracts.messages import EdgeEvent, Heartbeat, Prediction, decode
 from edge_agent.agent import EdgeAgent
 from edge_agent.config import EdgeConfig
 from edge_agent.outbox import Outbox
 from edge_agent.scorers import load_scorer
 from edge_agent.sources import FileReplay
+from precursor.contracts.messages import EdgeEvent, Heartbeat, Prediction, decode
 
 T0 = "2026-01-01T00:00:00Z"
 

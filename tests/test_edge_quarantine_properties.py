@@ -15,7 +15,6 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contracts.messages import Prediction, decode
 from edge_agent.agent import EdgeAgent
 from edge_agent.checkpoint import readings_accepted
 from edge_agent.config import EdgeConfig
@@ -25,6 +24,7 @@ from edge_agent.quarantine import Quarantine
 from edge_agent.scorers import load_scorer
 from edge_agent.statedb import open_state_db
 from edge_agent.telemetry_source import SourceBatch
+from precursor.contracts.messages import Prediction, decode
 
 GOOD = ("good-1", "good-2")
 T0 = 1_767_225_600

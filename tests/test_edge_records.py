@@ -8,9 +8,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from contracts.formats import RowError
-from contracts.messages import Event, TelemetryReading
 from edge_agent.parsing import Reading, RecordParser, csv_fields
+from precursor.contracts.formats import RowError
+from precursor.contracts.messages import Event, TelemetryReading
 
 HEADER = ["timestamp", "machine_id", "temp", "vib"]
 

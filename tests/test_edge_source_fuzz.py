@@ -27,13 +27,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contracts.formats import RowError
 from edge_agent.config import InputSpec, MqttSource, ReplaySource, TailSource
 from edge_agent.mqtt import MqttSubscription
 from edge_agent.parsing import FLOAT32_MAX, Reading
 from edge_agent.sources import FileReplay
 from edge_agent.tail import FileTail
 from edge_agent.telemetry_source import SourceBatch
+from precursor.contracts.formats import RowError
 from tests.fixtures_edge import Mosquitto, publisher, wait_for
 
 MAX_RECORD_BYTES = 8192

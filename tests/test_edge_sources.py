@@ -11,13 +11,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from contracts.formats import RowError
-from contracts.messages import Event
 from edge_agent.config import EdgeConfig, InputSpec, ReplaySource, SimulatorSource, TailSource
 from edge_agent.parsing import Reading
 from edge_agent.sources import FileReplay, SimulatedFleet
 from edge_agent.tail import FileTail
 from edge_agent.telemetry_source import SourceBatch
+from precursor.contracts.formats import RowError
+from precursor.contracts.messages import Event
 from tests.fixtures_edge import wait_for
 
 HEADER = "timestamp,machine_id,temp\n"

@@ -14,10 +14,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from fastapi.testclient import TestClient
 from kafka import KafkaProducer
 
-from api.app import create_app
-from api.settings import ApiSettings
-from contracts.messages import Heartbeat, encode
-from contracts.settings import KafkaSettings
 from edge_agent.agent import EdgeAgent
 from edge_agent.config import EdgeConfig
 from edge_agent.identity import EdgeIdentity, enroll
@@ -25,7 +21,11 @@ from edge_agent.publisher import KafkaPublisher
 from edge_agent.scorers import RunningModel, ScorerSlot, load_scorer
 from pipelines.run import run_once
 from pipelines.settings import PipelineSettings
-from store import connect
+from precursor.api.app import create_app
+from precursor.api.settings import ApiSettings
+from precursor.contracts.messages import Heartbeat, encode
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import connect
 from tests.fixtures_api import TOKEN
 from tests.test_edge_agent import ListSink
 

@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
-from contracts.messages import Event, TelemetryReading
 from edge_agent.config import WindowSpec
 from edge_agent.windows import WindowBuilder
+from precursor.contracts.messages import Event, TelemetryReading
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

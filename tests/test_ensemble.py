@@ -10,7 +10,6 @@ import onnx
 import pytest
 import torch
 
-from contracts.outcomes import ANY_FAILURE
 from models.dataset import Fleet, WindowSpec, build_windows
 from models.export import MODEL_FILE, OUTPUT_NAME
 from models.model import (
@@ -26,6 +25,7 @@ from models.registry import CONFIG_FILE
 from models.runtime import LMScorer
 from models.signing import load_public_keys
 from models.train import TrainSettings, train
+from precursor.contracts.outcomes import ANY_FAILURE
 from tests.test_lm_training import TINY, train_signed, write_tiny_fleet
 
 

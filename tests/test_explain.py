@@ -13,7 +13,6 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from contracts.messages import Prediction
 from edge_agent.agent import EdgeAgent
 from edge_agent.config import EdgeConfig
 from edge_agent.scorers import load_scorer
@@ -25,8 +24,9 @@ from models.runtime import LMScorer
 from models.signing import generate_keypair, load_public_keys
 from models.train import TrainSettings, train
 from precursor.cli import app
-from simulator import FleetConfig, simulate_fleet
-from simulator.planted import plant_fault, write_fleet_files
+from precursor.contracts.messages import Prediction
+from precursor.simulator import FleetConfig, simulate_fleet
+from precursor.simulator.planted import plant_fault, write_fleet_files
 from tests.fixtures_store import store_messages
 from tests.test_edge_agent import ListSink
 from tests.test_lm_training import TINY, train_signed, write_tiny_fleet

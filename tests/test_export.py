@@ -19,7 +19,6 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from contracts.outcomes import ANY_FAILURE
 from models.export import (
     FP32_MODEL_FILE,
     MODEL_FILE,
@@ -40,6 +39,7 @@ from models.runtime import LMScorer
 from models.scoring import Scorer, Window
 from models.signing import generate_keypair, load_public_keys
 from models.tokenizer import TelemetryTokenizer, TokenizerSettings
+from precursor.contracts.outcomes import ANY_FAILURE
 
 SENSORS = ("temp", "vib", "pressure")
 CONTEXT = 64

@@ -18,10 +18,6 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from api.app import create_app
-from api.settings import ApiSettings
-from contracts.messages import ContractError, EdgeFlow, Heartbeat, decode, encode
-from contracts.settings import KafkaSettings
 from edge_agent.config import EdgeConfig
 from edge_agent.daemon import AgentDaemon
 from edge_agent.flow_meter import FlowMeter
@@ -39,7 +35,11 @@ from pipelines.flow import (
     newest_training,
 )
 from pipelines.run import run_once
+from precursor.api.app import create_app
+from precursor.api.settings import ApiSettings
 from precursor.cli import app as cli
+from precursor.contracts.messages import ContractError, EdgeFlow, Heartbeat, decode, encode
+from precursor.contracts.settings import KafkaSettings
 from tests.fixtures_api import TOKEN, serving
 from tests.fixtures_browser import browser, read, screenshot, wait_for  # noqa: F401 (browser: a fixture)
 

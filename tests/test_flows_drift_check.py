@@ -17,7 +17,7 @@ from flows.server import LocalPrefectServer
 from flows.settings import DriftCheckSettings
 from pipelines.monitoring import DriftMeasure, WindowMetrics
 from precursor.flows_cli import flows_app
-from store import PredictionStore, connect
+from precursor.store import PredictionStore, connect
 
 if TYPE_CHECKING:
     from tests.fixtures_postgres import NewStore

@@ -8,8 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from contracts.formats import TelemetryTable
-from contracts.messages import Event
 from flows.evidence import split_evidence
 from flows.labeled import read_labeled_windows, write_history
 from flows.rejections import mark_rejected, rejected_versions
@@ -25,6 +23,8 @@ from models.dataset import (
 )
 from models.registry import ModelRegistry
 from models.scoring import Window
+from precursor.contracts.formats import TelemetryTable
+from precursor.contracts.messages import Event
 
 HOUR = 3600
 START = int(datetime(2026, 3, 1, tzinfo=UTC).timestamp())

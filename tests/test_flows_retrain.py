@@ -31,8 +31,6 @@ from prefect.client.schemas.filters import (
 from prefect.states import State
 from typer.testing import CliRunner
 
-from contracts.messages import ModelRelease, decode
-from contracts.settings import KafkaSettings
 from flows.labeled import read_labeled_windows
 from flows.rejections import rejected_versions
 from flows.retrain import COMPARISON_ARTIFACT_KEY, RetrainReport, check_signing_key, new_version, retrain
@@ -42,6 +40,8 @@ from models.dataset import Fleet, build_windows
 from models.registry import ModelRegistry, verify_artifact
 from models.signing import KeyPair, generate_keypair, load_private_key, load_public_keys
 from models.train import TrainSettings
+from precursor.contracts.messages import ModelRelease, decode
+from precursor.contracts.settings import KafkaSettings
 from precursor.flows_cli import flows_app
 
 if TYPE_CHECKING:

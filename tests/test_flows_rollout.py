@@ -11,11 +11,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from contracts.messages import Heartbeat, ModelRelease, decode, encode
-from contracts.settings import KafkaSettings
 from flows.rollout import CanaryWatch, KafkaHeartbeats, KafkaReleaseChannel, staged_rollout
 from models.releases import ReleaseSigner, verify_release_statement
 from models.signing import key_id
+from precursor.contracts.messages import Heartbeat, ModelRelease, decode, encode
+from precursor.contracts.settings import KafkaSettings
 
 SHA = "a" * 64
 

@@ -8,7 +8,6 @@ from collections import defaultdict
 from apache_beam import pvalue
 from apache_beam.transforms.window import TimestampedValue
 
-from contracts.messages import Prediction, encode
 from pipelines.ingest import (
     DEAD,
     MACHINE,
@@ -19,6 +18,7 @@ from pipelines.ingest import (
     RecordListCoder,
 )
 from pipelines.kafka_io import KafkaChunk, KafkaChunkCoder, KafkaRecord
+from precursor.contracts.messages import Prediction, encode
 
 
 def _prediction(seq: int, machine: str, hour: int) -> bytes:

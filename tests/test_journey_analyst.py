@@ -19,7 +19,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
-from contracts.settings import KafkaSettings
+from precursor.contracts.settings import KafkaSettings
 from tests.fixtures_api import TOKEN, SimulatedStore, fill_store, free_port
 from tests.fixtures_browser import browser, wait_for  # noqa: F401  (browser is a fixture)
 

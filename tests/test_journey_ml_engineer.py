@@ -23,13 +23,13 @@ import pytest
 import yaml
 from kafka import KafkaConsumer
 
-from contracts.messages import Heartbeat, decode
-from contracts.settings import KafkaSettings
 from flows.retrain import COMPARISON_ARTIFACT_KEY
 from flows.server import LocalPrefectServer
 from models.registry import ModelRegistry
 from models.signing import load_public_keys
 from pipelines.labeling import read_dataset
+from precursor.contracts.messages import Heartbeat, decode
+from precursor.contracts.settings import KafkaSettings
 
 pytest_plugins = ["tests.fixtures_prefect"]
 pytestmark = pytest.mark.integration

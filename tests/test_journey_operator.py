@@ -24,11 +24,11 @@ import pytest
 import yaml
 from kafka import KafkaConsumer, KafkaProducer
 
-from contracts.messages import Heartbeat, Prediction, decode, encode
-from contracts.settings import KafkaSettings
 from models.registry import release_for
 from models.releases import ReleaseSigner
 from models.signing import load_private_key
+from precursor.contracts.messages import Heartbeat, Prediction, decode, encode
+from precursor.contracts.settings import KafkaSettings
 from tests.fixtures_edge import Mosquitto, build_artifact, publisher, resign
 
 pytestmark = pytest.mark.integration

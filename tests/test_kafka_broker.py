@@ -13,12 +13,12 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from contracts.messages import Prediction, decode, encode
-from contracts.settings import KafkaSettings
-from contracts.topics import Topics, TopicSpec
 from infra.kafka_admin import admin_client, broker_reachable, ensure_topics
 from infra.kafka_broker import BrokerError, LocalKafka, free_ports
 from infra.maven_jars import MissingToolError
+from precursor.contracts.messages import Prediction, decode, encode
+from precursor.contracts.settings import KafkaSettings
+from precursor.contracts.topics import Topics, TopicSpec
 
 pytestmark = pytest.mark.integration
 

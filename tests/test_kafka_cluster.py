@@ -20,15 +20,15 @@ from pathlib import Path
 import pytest
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from contracts.messages import Prediction
-from contracts.settings import KafkaSettings
 from edge_agent.publisher import KafkaPublisher
 from infra.kafka_admin import admin_client
 from infra.kafka_broker import free_ports
 from infra.kafka_cluster import LocalKafkaCluster
 from infra.processes import port_in_use
 from pipelines.run import run_once
-from store import connect
+from precursor.contracts.messages import Prediction
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import connect
 from tests.conftest import shared_kafka_lib_dir
 
 pytestmark = pytest.mark.integration

@@ -3,13 +3,16 @@ below), and no import cycle runs between packages or between the modules of one 
 
 Layers, lowest first:
 
-0. ``contracts``: messages, settings, formats; imports nothing of ours.
-1. ``models``, ``store``, ``simulator``, ``infra``: the domain libraries. ``simulator`` is one of them on purpose:
+0. ``precursor.contracts``: messages, settings, formats; imports nothing of ours.
+1. ``models``, ``precursor.store``, ``precursor.simulator``, ``infra``: the domain libraries. ``simulator`` is one of
+   them on purpose:
    the edge agent's ``simulated`` source replays a simulated fleet as if it were a machine, the way it loads a model.
-2. ``edge_agent``, ``pipelines``, ``flows``, ``api``: the running parts. ``flows`` and ``api`` may read what
+2. ``edge_agent``, ``pipelines``, ``flows``, ``precursor.api``: the running parts. ``flows`` and ``api`` may read what
    ``pipelines`` writes (its labeling and settings); nothing here imports ``edge_agent``, and ``edge_agent`` imports
    no other running part: the edge install carries none of the cloud.
-3. ``precursor``: the command line, on top of everything.
+3. ``precursor``: the command line, on top of everything. The generic names (``contracts``, ``store``, ``simulator``,
+   ``api``) live inside it so that they install as ``precursor.*``, not as top-level names that clash with other
+   distributions; a package here is the longest listed name a module lies in.
 
 Every import counts, also those inside functions and under ``TYPE_CHECKING``: a lazy import is still a dependency.
 """
@@ -26,13 +29,19 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"contracts"}),
-    frozenset({"models", "store", "simulator", "infra"}),
-    frozenset({"edge_agent", "pipelines", "flows", "api"}),
+    frozenset({"precursor.contracts"}),
+    frozenset({"models", "precursor.store", "precursor.simulator", "infra"}),
+    frozenset({"edge_agent", "pipelines", "flows", "precursor.api"}),
     frozenset({"precursor"}),
 )
-SAME_LAYER_ALLOWED: frozenset[tuple[str, str]] = frozenset({("flows", "pipelines"), ("api", "pipelines")})
+SAME_LAYER_ALLOWED: frozenset[tuple[str, str]] = frozenset({("flows", "pipelines"), ("precursor.api", "pipelines")})
 PACKAGES: frozenset[str] = frozenset().union(*LAYERS)
+TOP_LEVEL: frozenset[str] = frozenset(name.split(".")[0] for name in PACKAGES)
+
+
+def package_of(module: str) -> str:
+    """The longest listed package that ``module`` is or lies in: ``precursor.store.db`` is in ``precursor.store``."""
+    return max((p for p in PACKAGES if module == p or module.startswith(p + ".")), key=len)
 
 
 def layer_of(package: str) -> int:
@@ -60,7 +69,7 @@ def module_name(path: Path) -> str:
 def modules() -> dict[str, Path]:
     return {
         module_name(path): path
-        for package in sorted(PACKAGES)
+        for package in sorted(TOP_LEVEL)
         for path in sorted((ROOT / package).rglob("*.py"))
         if ".venv" not in path.parts
     }
@@ -91,7 +100,7 @@ def imports_of(module: str, path: Path, known: dict[str, Path]) -> Iterator[Impo
                 stem = node.module or ""
             names = [f"{stem}.{alias.name}" for alias in node.names]
         for name in names:
-            if name.split(".")[0] not in PACKAGES:
+            if name.split(".")[0] not in TOP_LEVEL:
                 continue
             target = resolve(name, known)
             if target is not None and target != module:
@@ -156,7 +165,7 @@ def cycle_report(imports: list[Import], key: str) -> list[str]:
     """Each cycle with the imports that close it, so the failure names the files to change."""
     graph: dict[str, set[str]] = {}
     for imp in imports:
-        a, b = (imp.source.split(".")[0], imp.target.split(".")[0]) if key == "package" else (imp.source, imp.target)
+        a, b = (package_of(imp.source), package_of(imp.target)) if key == "package" else (imp.source, imp.target)
         graph.setdefault(a, set())
         graph.setdefault(b, set())
         if a != b:
@@ -167,9 +176,9 @@ def cycle_report(imports: list[Import], key: str) -> list[str]:
         edges = [
             str(imp)
             for imp in imports
-            if (imp.source.split(".")[0] if key == "package" else imp.source) in members
-            and (imp.target.split(".")[0] if key == "package" else imp.target) in members
-            and (key != "package" or imp.source.split(".")[0] != imp.target.split(".")[0])
+            if (package_of(imp.source) if key == "package" else imp.source) in members
+            and (package_of(imp.target) if key == "package" else imp.target) in members
+            and (key != "package" or package_of(imp.source) != package_of(imp.target))
         ]
         report.append(f"cycle {' <-> '.join(component)}:\n    " + "\n    ".join(edges))
     return report
@@ -178,7 +187,7 @@ def cycle_report(imports: list[Import], key: str) -> list[str]:
 def upward(imports: list[Import]) -> list[str]:
     wrong = []
     for imp in imports:
-        src, dst = imp.source.split(".")[0], imp.target.split(".")[0]
+        src, dst = package_of(imp.source), package_of(imp.target)
         if src == dst:
             continue
         if layer_of(dst) > layer_of(src) or (layer_of(dst) == layer_of(src) and (src, dst) not in SAME_LAYER_ALLOWED):
@@ -188,6 +197,7 @@ def upward(imports: list[Import]) -> list[str]:
 
 def test_every_package_has_a_layer() -> None:
     top = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() and p.name != "tests"}
+    top |= {f"precursor.{p.name}" for p in (ROOT / "precursor").iterdir() if (p / "__init__.py").is_file()}
     assert top == PACKAGES, f"give these packages a layer: {sorted(top - PACKAGES)}; gone: {sorted(PACKAGES - top)}"
 
 
@@ -203,7 +213,7 @@ def test_no_cycle_between_packages() -> None:
 
 @pytest.mark.parametrize("package", sorted(PACKAGES))
 def test_no_cycle_between_modules_of_a_package(package: str) -> None:
-    inside = [imp for imp in all_imports() if imp.source.split(".")[0] == package == imp.target.split(".")[0]]
+    inside = [imp for imp in all_imports() if package_of(imp.source) == package == package_of(imp.target)]
     # A package's __init__ re-exporting its modules is not a cycle of design: leave it out of the graph.
     inside = [imp for imp in inside if imp.source != package and imp.target != package]
     cycles = cycle_report(inside, key="module")

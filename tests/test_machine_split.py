@@ -20,7 +20,7 @@ from models.dataset import (
     outcome_counts,
     split_windows,
 )
-from simulator import FleetConfig, write_fleet
+from precursor.simulator import FleetConfig, write_fleet
 
 
 @pytest.fixture(scope="module")

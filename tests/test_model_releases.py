@@ -12,7 +12,6 @@ import typer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from typer.testing import CliRunner
 
-from contracts.messages import ModelRelease, decode, encode
 from models.releases import (
     KEYRING_FILE,
     ExpiredReleaseError,
@@ -27,6 +26,7 @@ from models.releases import (
     verify_release_statement,
 )
 from models.signing import SignatureError, generate_keypair, key_id, load_private_key, load_public_keys
+from precursor.contracts.messages import ModelRelease, decode, encode
 from precursor.keys_cli import keys_command
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

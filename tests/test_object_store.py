@@ -18,8 +18,6 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
-from contracts.object_store import MissingExtraError, ObjectStoreSettings, as_location, filesystem
-from contracts.settings import KafkaSettings
 from edge_agent.config import EdgeConfig
 from edge_agent.scorers import RunningModel, ScorerSlot
 from edge_agent.updates import ModelUpdater
@@ -33,6 +31,8 @@ from models.registry import TamperedArtifactError
 from models.signing import load_public_keys
 from pipelines.edge_trust import release_hashes
 from pipelines.labeling import read_dataset, run_labeling
+from precursor.contracts.object_store import MissingExtraError, ObjectStoreSettings, as_location, filesystem
+from precursor.contracts.settings import KafkaSettings
 from tests.test_flows_retrain import read_releases
 from tests.test_pipeline_labeling import NO_LATENESS, FleetHistory, steady, store_history
 

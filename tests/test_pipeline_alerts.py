@@ -14,9 +14,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kafka import KafkaConsumer, KafkaProducer
 
-from contracts.alerting import AlertRule
-from contracts.messages import Alert, EdgeEvent, Prediction, decode, encode
-from contracts.settings import KafkaSettings
 from infra.kafka_admin import admin_client, ensure_topics
 from infra.kafka_broker import LocalKafka
 from pipelines.alerts import Timeline, advance
@@ -24,7 +21,10 @@ from pipelines.labeling import read_dataset, run_labeling
 from pipelines.records import HOUR_US, PredictionRecord
 from pipelines.run import run_once
 from pipelines.settings import PipelineSettings
-from store import PredictionStore, connect
+from precursor.contracts.alerting import AlertRule
+from precursor.contracts.messages import Alert, EdgeEvent, Prediction, decode, encode
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import PredictionStore, connect
 from tests.test_pipeline_labeling import T0, FleetHistory
 
 RULE = PipelineSettings().alert_rule  # raise at 0.7 (no threshold of its own) after 2 windows, clear below 0.42 after 1

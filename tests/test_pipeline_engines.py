@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from apache_beam.portability.api import beam_fn_api_pb2
 
-from contracts.settings import KafkaSettings
 from infra.beam_worker_pool import WorkerPool
 from infra.flink_cluster import LocalFlinkCluster
 from infra.kafka_broker import free_ports
@@ -33,6 +32,7 @@ from pipelines.engines import (
 from pipelines.labeling import read_dataset, run_labeling
 from pipelines.run import run_once
 from pipelines.settings import PipelineSettings
+from precursor.contracts.settings import KafkaSettings
 from tests.test_pipeline_alerts import produce, second_topics, stored_alerts, wavy  # noqa: F401 (a fixture)
 from tests.test_pipeline_labeling import FleetHistory, store_history
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
-from contracts.messages import DeadLetter, EdgeEvent, Heartbeat, decode, encode
-from contracts.settings import KafkaSettings
 from pipelines.run import run_once
-from store import connect
+from precursor.contracts.messages import DeadLetter, EdgeEvent, Heartbeat, decode, encode
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import connect
 
 pytestmark = pytest.mark.integration
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from contracts.messages import EdgeEvent, Prediction
 from pipelines.labeling import day_file, read_dataset, run_labeling
 from pipelines.settings import PipelineSettings
+from precursor.contracts.messages import EdgeEvent, Prediction
 from tests.fixtures_store import store_messages
 
 T0 = datetime(2026, 3, 1, tzinfo=UTC)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from contracts.messages import Prediction
 from pipelines.drift import DriftReference, histogram
 from pipelines.labeling import run_labeling
 from pipelines.monitoring import run_monitoring
 from pipelines.settings import PipelineSettings
-from store import connect
+from precursor.contracts.messages import Prediction
+from precursor.store import connect
 from tests.test_pipeline_labeling import FleetHistory, store_history
 
 DAY = 24

@@ -20,8 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka import KafkaConsumer, KafkaProducer
 
-from api.live import KafkaTail
-from contracts.messages import (
+from pipelines.ingest import DEAD, IngestEvents, IngestPredictions, ParseMessages
+from pipelines.kafka_io import KafkaRecord
+from pipelines.run import run_once
+from precursor.api.live import KafkaTail
+from precursor.contracts.messages import (
     MAX_DEAD_LETTER_RAW_BYTES,
     ContractError,
     DeadLetter,
@@ -32,11 +35,8 @@ from contracts.messages import (
     decode,
     encode,
 )
-from contracts.settings import KafkaSettings
-from pipelines.ingest import DEAD, IngestEvents, IngestPredictions, ParseMessages
-from pipelines.kafka_io import KafkaRecord
-from pipelines.run import run_once
-from store import connect
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import connect
 
 PRODUCER_LIMIT = 1_048_576  # kafka-python's default max_request_size, and about the broker's default record limit
 

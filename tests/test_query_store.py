@@ -1,4 +1,5 @@
-"""The store's questions (store/queries.py) against a store filled from the simulator, checked against the messages
+"""The store's questions (precursor/store/queries.py) against a store filled from the simulator, checked against the
+messages
 that went into it."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pytest
 
-from store import PredictionStore, connect
-from store.queries import (
+from precursor.store import PredictionStore, connect
+from precursor.store.queries import (
     ELEVATED_LOOKBACK,
     SqlRejected,
     check_range,

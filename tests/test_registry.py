@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from contracts.messages import ModelRelease, decode, encode
 from models.registry import (
     ArtifactError,
     ArtifactNotFoundError,
@@ -37,6 +36,7 @@ from models.signing import (
     sign,
     verify,
 )
+from precursor.contracts.messages import ModelRelease, decode, encode
 from precursor.keys_cli import keys_command
 
 

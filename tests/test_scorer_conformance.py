@@ -21,13 +21,13 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from contracts.messages import Event
-from contracts.outcomes import ANY_FAILURE
 from models.baselines import DriftZScore, GradientBoostingBaseline, ZScoreRule, baseline_features
 from models.model import TorchScorer
 from models.runtime import LMScorer
 from models.scoring import Scorer, Window
 from models.signing import generate_keypair, load_public_keys
+from precursor.contracts.messages import Event
+from precursor.contracts.outcomes import ANY_FAILURE
 from tests.fixtures_edge import build_artifact, training_windows
 
 SENSORS = ("pressure", "temp", "vib")

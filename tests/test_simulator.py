@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import typer
 
-from contracts.formats import RowError, iter_telemetry, read_events, read_machines, read_telemetry_table
-from contracts.messages import Event, TelemetryReading
+from precursor.contracts.formats import RowError, iter_telemetry, read_events, read_machines, read_telemetry_table
+from precursor.contracts.messages import Event, TelemetryReading
 from precursor.simulate_cli import simulate_command
-from simulator import FAILURE_KINDS, FleetConfig, FleetData, simulate_fleet, stream_fleet, write_fleet
-from simulator.engine import chunk_samples
-from simulator.physics import GENERIC_ERROR_CODES
-from simulator.profiles import PROFILES
+from precursor.simulator import FAILURE_KINDS, FleetConfig, FleetData, simulate_fleet, stream_fleet, write_fleet
+from precursor.simulator.engine import chunk_samples
+from precursor.simulator.physics import GENERIC_ERROR_CODES
+from precursor.simulator.profiles import PROFILES
 
 HOUR = 3600
 

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
-from contracts.messages import DeadLetter, Prediction, decode, encode
-from contracts.settings import KafkaSettings
 from edge_agent.agent import EdgeAgent
 from edge_agent.config import EdgeConfig
 from edge_agent.publisher import KafkaPublisher
 from edge_agent.scorers import load_scorer
 from edge_agent.sources import FileReplay
 from pipelines.run import run_once
-from store import connect
+from precursor.contracts.messages import DeadLetter, Prediction, decode, encode
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import connect
 
 pytestmark = pytest.mark.integration
 

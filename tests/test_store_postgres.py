@@ -16,15 +16,15 @@ import pytest
 from kafka import KafkaProducer
 from typer.testing import CliRunner
 
-from contracts.messages import encode
-from contracts.settings import KafkaSettings, PrecursorSettings
 from infra.postgres_server import LocalPostgres
 from pipelines.flow import observe
 from pipelines.labeling import read_dataset, run_labeling
 from pipelines.run import CONSUMER, RunReport, run_once
 from pipelines.snapshot import take_snapshot
-from store import PredictionStore, StoreBusy, connect
-from store.queries import reading
+from precursor.contracts.messages import encode
+from precursor.contracts.settings import KafkaSettings, PrecursorSettings
+from precursor.store import PredictionStore, StoreBusy, connect
+from precursor.store.queries import reading
 from tests.fixtures_api import simulated_fleet_messages
 from tests.fixtures_store import store_messages
 

@@ -17,17 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka import KafkaProducer
 
-from api.app import create_app
-from api.settings import ApiSettings
-from contracts.messages import (
-    MAX_SUMMARY_SENSORS,
-    ContractError,
-    Prediction,
-    TelemetrySummary,
-    decode,
-    encode,
-)
-from contracts.settings import KafkaSettings
 from edge_agent.agent import EdgeAgent
 from edge_agent.config import ConfigError, EdgeConfig, TelemetrySummarySpec
 from edge_agent.outbox import Outbox
@@ -36,7 +25,18 @@ from edge_agent.scorers import load_scorer
 from edge_agent.sources import FileReplay
 from edge_agent.summaries import PeriodSummary, SensorStats, summary_messages
 from pipelines.run import run_once
-from store import PredictionStore, connect
+from precursor.api.app import create_app
+from precursor.api.settings import ApiSettings
+from precursor.contracts.messages import (
+    MAX_SUMMARY_SENSORS,
+    ContractError,
+    Prediction,
+    TelemetrySummary,
+    decode,
+    encode,
+)
+from precursor.contracts.settings import KafkaSettings
+from precursor.store import PredictionStore, connect
 from tests.fixtures_api import TOKEN, serving
 from tests.test_edge_agent import ListSink
 from tests.test_edge_outbox import edge_config, run_batches, write_replay

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from contracts.messages import Event
 from models.features import FeatureSpec, SensorScaling, feature_vector
 from models.outcome import outcome_token, pack_sequences, risk_from_logits, risks_from_logits
 from models.scoring import Window
 from models.tokenizer import TelemetryTokenizer, TokenizerError, TokenizerSettings
+from precursor.contracts.messages import Event
 
 END = datetime(2026, 3, 1, 12, tzinfo=UTC)
 SENSORS = ("pressure", "temp", "vib")

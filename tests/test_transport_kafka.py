@@ -16,15 +16,15 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import GroupAuthorizationFailedError, KafkaError, TopicAuthorizationFailedError
 from pydantic import SecretStr, ValidationError
 
-from contracts.messages import Prediction, decode
-from contracts.settings import KafkaSettings
-from contracts.topics import Topics
 from edge_agent.config import EdgeConfig
 from edge_agent.daemon import AgentDaemon
 from infra.kafka_admin import KafkaAccessError, add_scram_users, check_access, edge_acls, ensure_topics, grant_acls
 from infra.kafka_broker import BrokerError, BrokerSecurity, LocalKafka, free_ports
 from infra.processes import process_cmdline
 from pipelines.kafka_io import KafkaRecord, ReadPartitionRange, plan_ranges
+from precursor.contracts.messages import Prediction, decode
+from precursor.contracts.settings import KafkaSettings
+from precursor.contracts.topics import Topics
 from tests.conftest import shared_kafka_lib_dir
 from tests.fixtures_edge import wait_for
 from tests.fixtures_tls import TestCA

@@ -10,7 +10,6 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from contracts.outcomes import ANY_FAILURE
 from models.dataset import Fleet, LabeledWindow, WindowSpec, build_windows
 from models.evaluate import average_precision
 from models.export import VALUES_INPUT, LastTokenLogits
@@ -28,6 +27,7 @@ from models.runtime import LMScorer
 from models.signing import load_public_keys
 from models.tokenizer import TelemetryTokenizer
 from models.train import EncodedWindows, TrainSettings, hide_readings
+from precursor.contracts.outcomes import ANY_FAILURE
 from tests.test_lm_training import TINY, train_signed, write_tiny_fleet
 
 SETTINGS = {**TINY, "block_stats": ("mean", "std"), "window_stats": ("slope", "max")}

@@ -1,5 +1,0 @@
-"""The prediction store: where the pipelines write and where ``precursor query`` and the HTTP API read."""
-
-from store.db import Offset, PredictionStore, StoreBusy, connect
-
-__all__ = ["Offset", "PredictionStore", "StoreBusy", "connect"]
