@@ -50,7 +50,8 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, TypeAdapter, Validati
 
 from edge_agent.config import EdgeConfig, SelfTestSpec
 from edge_agent.scorers import RunningModel, ScorerSlot, load_trusted_keys, open_lm
-from models.registry import ArtifactError, unpack, unsafe_member_name, verify_release
+from models.object_registry import download_objects
+from models.registry import ArtifactError, unpack, verify_release
 from models.releases import (
     KEYRING_FILE,
     ExpiredReleaseError,
@@ -517,13 +518,10 @@ class ModelUpdater:
         total = sum(int(info.get("size") or 0) for info in found.values())
         if total > limit:
             raise UpdateRefused(f"artifact at {url} is {total} bytes, larger than updates.max_bytes={limit}")
-        for key in sorted(found):
-            name = key[len(path) + 1 :]
-            problem = unsafe_member_name(name)
-            if problem:
-                raise UpdateRefused(f"artifact at {url}: object {name!r} {problem}")
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            fs.get_file(key, str(target / name))
+        try:
+            download_objects(fs, path, found, target, f"artifact at {url}")
+        except ArtifactError as err:  # a name that would land outside the artifact: the release itself is bad
+            raise UpdateRefused(str(err)) from None
 
     def _download(self, url: str, out: Path) -> None:
         limit = self.config.updates.max_bytes

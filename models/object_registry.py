@@ -16,7 +16,9 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from models.registry import (
     _VERSION,
@@ -37,6 +39,9 @@ from precursor.contracts.object_store import ObjectStoreSettings, filesystem, is
 from precursor.contracts.settings import PrecursorSettings
 from precursor.contracts.versions import version_key
 
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
 
 def open_registry(
     location: Path | str,
@@ -50,6 +55,19 @@ def open_registry(
     if is_url(location):
         return ObjectStoreRegistry(str(location), trusted_keys, model_name, settings=settings, cache_dir=cache_dir)
     return ModelRegistry(location, trusted_keys, model_name)
+
+
+def download_objects(fs: AbstractFileSystem, prefix: str, keys: Iterable[str], target: Path, where: str) -> None:
+    """Copies the objects ``keys`` (all under ``prefix/``) into ``target``, each at its path below the prefix. A key
+    whose rest is no safe file name (``..``, absolute, empty part) is refused with :class:`ArtifactError` before
+    anything is written for it, so a bucket cannot place a file outside ``target``; ``where`` starts that message."""
+    for key in sorted(keys):
+        name = key[len(prefix) + 1 :]
+        problem = unsafe_member_name(name)
+        if problem:
+            raise ArtifactError(f"{where}: object {name!r} {problem}")
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        fs.get_file(key, str(target / name))
 
 
 class ObjectStoreRegistry(ModelRegistry):
@@ -169,13 +187,7 @@ class ObjectStoreRegistry(ModelRegistry):
         self.model_dir.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{version}.fetching-", dir=self.model_dir))
         try:
-            for path in sorted(found):
-                name = path[len(remote) + 1 :]
-                problem = unsafe_member_name(name)
-                if problem:
-                    raise ArtifactError(f"{self.location_of(version)}: object {name!r} {problem}")
-                (staging / name).parent.mkdir(parents=True, exist_ok=True)
-                self._fs.get_file(path, str(staging / name))
+            download_objects(self._fs, remote, found, staging, self.location_of(version))
             try:
                 verify_artifact(staging, self.trusted_keys)
             except (ArtifactError, SignatureError) as err:

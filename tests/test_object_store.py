@@ -1,8 +1,8 @@
 """Object storage against a real S3-compatible server (gofakes3 in its own process): the labeling pipeline writes the
 dataset to s3:// and the retrain flow reads it back; a model is registered, promoted and released on s3://, an edge
 fetches it from there and swaps it in, and a tampered object in the bucket is refused. Secrets stay out of reprs,
-logs and the Prefect server. Without the bucket: settings from the standard AWS variables, and the error that names
-the ``s3`` extra when s3fs is missing."""
+logs and the Prefect server. Without the bucket: settings from the standard AWS variables, the error that names the
+``s3`` extra when s3fs is missing, and the object copy refusing a name that climbs out of its folder."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from flows.retrain import retrain
 from flows.server import LocalPrefectServer
 from models.baselines import DriftZScore
 from models.dataset import Fleet, build_windows
-from models.object_registry import ObjectStoreRegistry, open_registry
-from models.registry import TamperedArtifactError
+from models.object_registry import ObjectStoreRegistry, download_objects, open_registry
+from models.registry import ArtifactError, TamperedArtifactError
 from models.signing import load_public_keys
 from pipelines.edge_trust import release_hashes
 from pipelines.labeling import read_dataset, run_labeling
@@ -76,6 +76,21 @@ def test_without_s3fs_the_error_names_the_extra_to_install(monkeypatch: pytest.M
     hide_s3fs(monkeypatch)
     with pytest.raises(MissingExtraError, match=r"s3://bucket/registry: .*pip install 'precursor\[s3\]'"):
         filesystem("s3://bucket/registry", ObjectStoreSettings())
+
+
+def test_an_object_whose_name_climbs_out_of_the_target_is_refused_and_never_written(tmp_path: Path) -> None:
+    """What the registry and the edge both copy a version with: the name below the prefix must stay inside."""
+    (tmp_path / "bucket" / "v1" / "model").mkdir(parents=True)
+    (tmp_path / "bucket" / "v1" / "manifest.json").write_bytes(b"{}")
+    (tmp_path / "bucket" / "v1" / "model" / "graph.onnx").write_bytes(b"graph")
+    fs, root = filesystem(tmp_path / "bucket")
+    target = tmp_path / "copy"
+    download_objects(fs, f"{root}/v1", fs.find(f"{root}/v1"), target, "s3://bucket/v1")
+    assert (target / "model" / "graph.onnx").read_bytes() == b"graph"
+    climbing = [f"{root}/v1/manifest.json", f"{root}/v1/../escape"]
+    with pytest.raises(ArtifactError, match=r"s3://bucket/v1: object '\.\./escape' has an empty, '\.' or '\.\.'"):
+        download_objects(fs, f"{root}/v1", climbing, tmp_path / "second", "s3://bucket/v1")
+    assert not (tmp_path / "escape").exists()
 
 
 # --- the labeled dataset ---------------------------------------------------------------------------------------------
