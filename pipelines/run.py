@@ -12,6 +12,7 @@ the same alerts. The engine is ``local`` by default; see :mod:`pipelines.engines
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,13 +22,15 @@ from pathlib import Path
 from infra.energy import CostMeter
 from pipelines.alerts import RaiseAlerts
 from pipelines.edge_trust import HeartbeatJudge
-from pipelines.engines import LOCAL, EngineSettings, counters, engine
+from pipelines.engines import LOCAL, EngineError, EngineSettings, counters, engine
 from pipelines.ingest import NAMESPACE, IngestEvents, IngestHeartbeats, IngestPredictions, IngestTelemetrySummaries
 from pipelines.kafka_io import PartitionRange, TopicMissing, plan_ranges
 from pipelines.run_log import CONSUMER, distributions, record_run
 from pipelines.settings import PipelineSettings
 from precursor.contracts.settings import KafkaSettings
 from precursor.store import Offset, PredictionStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -194,17 +197,40 @@ def follow(
     max_runs: int | None = None,
     idle_exit_s: float | None = None,
     on_report: Callable[[RunReport], None] | None = None,
+    on_failure: Callable[[Exception, int], None] | None = None,
+    max_backoff_s: float = 30.0,
+    give_up_on: tuple[type[Exception], ...] = (EngineError,),
+    run: Callable[..., RunReport] | None = None,
     **kwargs: object,
 ) -> RunReport:
     """Run bounded snapshots back to back, so the store keeps up with the topics. Stops after ``max_runs``, after
-    ``idle_exit_s`` with nothing new, or on Ctrl-C."""
+    ``idle_exit_s`` with nothing new, or on Ctrl-C.
+
+    A run that fails (a broker or a task manager dies under it, the engine's job fails) commits no offsets, so the
+    next run reads the same records again from the store's offsets and the store's primary key drops what the failed
+    run had already written. The loop goes on after ``poll_s``, doubling up to ``max_backoff_s`` while runs keep
+    failing; ``on_failure`` hears each error with the count of failures in a row. Errors of the ``give_up_on`` types
+    say the run cannot work as configured (an engine not installed): those end the loop instead. ``run`` is
+    :func:`run_once` unless given (a test's stand-in)."""
+    run = run or run_once
     total = RunReport()
-    runs = 0
+    runs = failures = 0
     idle_since = time.monotonic()
     try:
         while max_runs is None or runs < max_runs:
-            report = run_once(settings, store_path, **kwargs)  # type: ignore[arg-type]
             runs += 1
+            try:
+                report = run(settings, store_path, **kwargs)
+            except give_up_on:
+                raise
+            except Exception as err:  # any failed run is retried from the committed offsets
+                failures += 1
+                log.warning("pipeline run failed (%d in a row), retrying from the stored offsets: %s", failures, err)
+                if on_failure:
+                    on_failure(err, failures)
+                time.sleep(min(max_backoff_s, poll_s * 2 ** (failures - 1)))
+                continue
+            failures = 0
             total = total + report
             if report.read:
                 idle_since = time.monotonic()

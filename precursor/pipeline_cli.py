@@ -87,9 +87,20 @@ def pipeline_run(
                 f"dead-lettered {r.telemetry_dead_lettered}"
             )
 
+    def said_failed(err: Exception, in_a_row: int) -> None:
+        typer.echo(f"pipeline: run failed ({in_a_row} in a row), retrying from the stored offsets: {err}", err=True)
+
     try:
         if follow:
-            total = follow_topics(settings, path, idle_exit_s=idle_exit, on_report=say, **kwargs)  # type: ignore[arg-type]
+            total = follow_topics(
+                settings,
+                path,
+                idle_exit_s=idle_exit,
+                on_report=say,
+                on_failure=said_failed,
+                give_up_on=(EngineError, EnrollmentError, FileNotFoundError),
+                **kwargs,  # type: ignore[arg-type]
+            )
             say(total)
         else:
             say(run_once(settings, path, **kwargs))  # type: ignore[arg-type]
