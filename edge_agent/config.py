@@ -165,6 +165,11 @@ class SimulatorSource(_Strict):
     speedup: Annotated[float, Field(ge=0)] = 3600.0
     kinds: list[str] | None = None
     batch_rows: Annotated[int, Field(ge=1, le=100_000)] = 256
+    machine_prefix: str = Field(
+        "m",
+        pattern=r"^[A-Za-z][A-Za-z0-9_.\-]{0,40}$",
+        description="machine ids are <prefix>-NNNNN: edges simulating fleets of their own need distinct ones",
+    )
 
 
 def _source_type(value: Any) -> str | None:

@@ -325,6 +325,7 @@ class SimulatedFleet:
             duration=spec.duration,
             interval=spec.interval,
             seed=spec.seed,
+            machine_prefix=spec.machine_prefix,
             **({"failure_kinds": tuple(spec.kinds)} if spec.kinds else {}),
         )
 
