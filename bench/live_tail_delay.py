@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -29,9 +28,6 @@ from pathlib import Path
 
 import httpx
 from kafka import KafkaProducer
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -43,6 +39,7 @@ from precursor.api.settings import ApiSettings  # noqa: E402
 from precursor.contracts.messages import Prediction, encode  # noqa: E402
 from precursor.contracts.settings import KafkaSettings  # noqa: E402
 from tests.fixtures_api import fill_store, serving  # noqa: E402
+from tests.fixtures_browser import headless_chromium  # noqa: E402
 
 TOKEN = "bench-token-0123456789abcdef"
 
@@ -68,31 +65,6 @@ def broker(settings: KafkaSettings) -> Iterator[KafkaSettings]:
             yield local.kafka_settings(settings.topic_prefix)
         finally:
             local.down()
-
-
-@contextmanager
-def chromium(profile: Path) -> Iterator[webdriver.Chrome]:
-    options = Options()
-    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        f"--user-data-dir={profile}",
-        "--window-size=1280,900",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"))
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def listen(base: str, out: list[float], ready: threading.Event, stop: threading.Event) -> None:
@@ -155,7 +127,7 @@ def measure(kafka: KafkaSettings, scratch: Path, args: argparse.Namespace) -> tu
     """Open the dashboard, send the predictions, and collect each delay the browser and an SSE client saw."""
     sim = fill_store(scratch / "store.duckdb", machines=20, days=3)
     app = create_app(ApiSettings(tokens=TOKEN, store=sim.path, live_poll_ms=args.poll_ms), kafka)
-    with serving(app) as base, chromium(scratch / "profile") as browser:
+    with serving(app) as base, headless_chromium(scratch / "profile", width=1280, height=900) as browser:
         browser.get(f"{base}/dashboard/#token={TOKEN}")
         deadline = time.monotonic() + 60
         while browser.execute_script("return document.getElementById('live-status').dataset.state") != "live":

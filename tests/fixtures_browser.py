@@ -12,6 +12,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,8 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 20.0) -> Any:
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 20.0, interval_s: float = 0.05) -> Any:
+    """``check()``'s first true value, asked every ``interval_s``; an AssertionError naming ``what`` past the time."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = check()
@@ -41,14 +43,15 @@ def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 20.0) -> An
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(interval_s)
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
+@contextmanager
+def headless_chromium(profile: Path, *, width: int = 1440, height: int = 1100) -> Iterator[webdriver.Chrome]:
+    """Chromium without a screen, with its own profile folder, and quiet: no sync, updates or background traffic
+    that would add requests (and delays) a measurement or a test does not ask for."""
     assert Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists(), (
-        "the browser test needs Debian's chromium and chromium-driver packages "
-        "(apt-get install chromium chromium-driver)"
+        "the browser needs Debian's chromium and chromium-driver packages (apt-get install chromium chromium-driver)"
     )
     options = Options()
     options.binary_location = CHROMIUM
@@ -62,8 +65,8 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
         "--disable-component-update",
         "--disable-sync",
         "--disable-dev-shm-usage",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-        "--window-size=1440,1100",
+        f"--user-data-dir={profile}",
+        f"--window-size={width},{height}",
     ):
         options.add_argument(flag)
     driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
@@ -72,6 +75,12 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
+    with headless_chromium(tmp_path / "chromium-profile") as driver:
+        yield driver
 
 
 def read(driver: webdriver.Chrome, selector: str, *attributes: str) -> list[list[str]]:

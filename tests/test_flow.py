@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -216,17 +214,6 @@ def test_retraining_cost_comes_from_the_newest_registered_version(tmp_path: Path
 # -- end to end: a stopped pipeline ----------------------------------------------------------------------------------
 
 
-def until(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.5)
-
-
 @pytest.mark.integration
 def test_a_stopped_pipeline_is_marked_by_the_api_the_page_and_precursor_status(
     kafka_settings: KafkaSettings,
@@ -258,7 +245,7 @@ def test_a_stopped_pipeline_is_marked_by_the_api_the_page_and_precursor_status(
     edge_thread.start()
     settings = FlowSettings(window_s=10, min_backlog=20)
     try:
-        until("predictions from the edge", lambda: daemon.sender.sent >= 50)  # type: ignore[union-attr]
+        wait_for("predictions from the edge", lambda: daemon.sender.sent >= 50, timeout_s=60.0, interval_s=0.5)  # type: ignore[union-attr]
         first = run_once(kafka_settings, store)  # the pipeline runs once, then stands
         assert first.stored > 0
 
@@ -266,7 +253,7 @@ def test_a_stopped_pipeline_is_marked_by_the_api_the_page_and_precursor_status(
             report = flow_report(kafka_settings, store, settings=settings)
             return report if report.stages[2].output_per_s == 0 else None  # its one run left the window
 
-        report = until("the pipeline's run to leave the window", standing)
+        report = wait_for("the pipeline's run to leave the window", standing, timeout_s=60.0, interval_s=0.5)
         assert report.bottleneck == "pipeline", report.verdict
         stages = {s.name: s for s in report.stages}
         assert stages["edge"].state == "ok" and stages["edge"].input_per_s > 0  # the edge keeps producing
