@@ -48,9 +48,8 @@ from pipeline_throughput import failure_events  # noqa: E402
 from infra.energy import Cost, CostMeter, EnergySettings, cores, estimate  # noqa: E402
 from infra.kafka_admin import admin_client, ensure_topics  # noqa: E402
 from precursor.contracts.settings import KafkaSettings  # noqa: E402
+from precursor.demo import DEMO_TRAINING, EVERY_H, HORIZON_H, WINDOW_H  # noqa: E402
 from precursor.simulator import FleetConfig, write_fleet  # noqa: E402
-
-WINDOW_H, EVERY_H, HORIZON_H = 6.0, 1.0, 24.0
 
 
 @dataclass(frozen=True)
@@ -67,21 +66,14 @@ def retrain(home: Path, machines: int, days: float, max_steps: int, energy: Ener
     from transformers.utils import logging as transformers_logging
 
     from models.signing import generate_keypair
-    from models.train import TrainSettings, train
+    from models.train import train
 
     history = write_fleet(
         FleetConfig(machines=machines, duration=f"{days}d", interval="10m", seed=11), home / "history"
     )
-    settings = TrainSettings(
-        horizon_h=HORIZON_H,
-        window_h=WINDOW_H,
-        every_h=EVERY_H,
-        min_points=12,
-        scaling="fleet",
-        max_steps=max_steps,
-        eval_every=max(1, max_steps // 4),
-        max_minutes=60.0,
-        threads=1,
+    # The demo's recipe (windows, horizon, fleet scaling, one thread), trained for the steps asked for here.
+    settings = DEMO_TRAINING.model_copy(
+        update={"max_steps": max_steps, "eval_every": max(1, max_steps // 4), "max_minutes": 60.0}
     )
     keys = generate_keypair(home / "keys", "bench")
     transformers_logging.disable_progress_bar()

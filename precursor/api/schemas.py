@@ -246,14 +246,16 @@ class VersionShare(Out):
 
 
 class HeartbeatView(Out):
+    """An edge's newest heartbeat that is not forged: what it runs and how far behind it is."""
+
     heartbeat_at: datetime
     model_name: str
     model_version: str
-    model_sha256: str | None
-    outbox_depth: int
-    lag_s: float
-    health: str
-    machines: int
+    model_sha256: str | None = Field(description="sha256 of the model artifact the edge scores with; null: a baseline")
+    outbox_depth: int = Field(description="messages the edge has stored and Kafka has not yet acknowledged")
+    lag_s: float = Field(description="age in seconds of the oldest of those messages; 0 when none wait")
+    health: str = Field(description="ok, degraded or failing, as the edge judges itself")
+    machines: int = Field(description="machines the edge has windows for")
     trust: Literal["verified", "unsigned"] = Field(
         description="verified: signed by a key enrolled for this edge; unsigned: no signature (forged heartbeats are "
         "never shown here, see identity)"
@@ -303,17 +305,19 @@ class QualityPoint(Out):
     bucket_start: datetime
     bucket_end: datetime
     windows: int
-    tp: int
-    fp: int
-    fn: int
-    tn: int
-    precision: float | None
-    recall: float | None
-    failures: int | None
-    failures_caught: int | None
-    mean_lead_time_h: float | None
+    tp: int = Field(description="windows at or above the threshold that a failure followed within the horizon")
+    fp: int = Field(description="windows at or above the threshold that no failure followed")
+    fn: int = Field(description="windows below the threshold that a failure followed")
+    tn: int = Field(description="windows below the threshold that no failure followed")
+    precision: float | None = Field(description="tp / (tp + fp); null when no window was at or above the threshold")
+    recall: float | None = Field(description="tp / (tp + fn); null when no failure followed any window")
+    failures: int | None = Field(description="distinct failures the windows lead up to; null where computed")
+    failures_caught: int | None = Field(description="those failures with a window at or above the threshold before")
+    mean_lead_time_h: float | None = Field(description="per caught failure, hours from its first such window to it")
     threshold: float
-    source: Literal["model_metrics", "computed"]
+    source: Literal["model_metrics", "computed"] = Field(
+        description="model_metrics: the monitoring pipeline's figures; computed: from predictions and failures here"
+    )
 
 
 class EdgeCounts(Out):
