@@ -22,12 +22,12 @@ import tempfile
 import threading
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from kafka import KafkaProducer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kafka_throughput import reachable_broker
 
@@ -36,23 +36,19 @@ from pipelines.run import RunReport, follow
 from precursor.contracts.messages import Prediction, encode
 from precursor.contracts.settings import KafkaSettings
 from precursor.store import connect
+from tests.fixtures_messages import hourly_prediction
 
 THRESHOLD = 0.269
-T0 = datetime(2026, 3, 1, tzinfo=UTC)
 
 
 def prediction(machine: str, hour: int) -> Prediction:
-    end = T0 + timedelta(hours=hour)
-    return Prediction(
+    return hourly_prediction(
+        hour,
         edge_id="edge-bench",
         seq=hour * 100_000 + int(machine.split("-")[1]),
         machine_id=machine,
-        window_start=end - timedelta(hours=6),
-        window_end=end,
-        horizon_h=24,
         risk={"failure": 0.3},
         model_name="precursor-lm",
-        model_version="1",
         threshold=THRESHOLD,
     )
 

@@ -24,16 +24,15 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from precursor.contracts.alerting import DEFAULT_THRESHOLD, AlertRule
+from precursor.contracts.alerting import AlertRule, Probability
 from precursor.contracts.durations import Duration
 from precursor.contracts.object_store import Location
 
-Threshold = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+_RULE = AlertRule.model_fields
 
 RETIRED = {
     "PRECURSOR_PIPELINE_ALERT_RAISE_THRESHOLD": "alerts are raised at each model's own threshold now: set "
@@ -50,27 +49,21 @@ class PipelineSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="PRECURSOR_PIPELINE_", extra="forbid")
 
-    alert_default_threshold: Threshold = Field(
-        DEFAULT_THRESHOLD, description="where predictions that carry no threshold of their own (baselines) alert"
-    )
-    alert_threshold: Threshold | None = Field(
-        None, description="the fleet's alert threshold for every model, in place of each model's own"
-    )
-    alert_model_thresholds: dict[str, Threshold] = Field(
-        default_factory=dict, description="the fleet's alert threshold per model name (JSON object in the variable)"
-    )
-    alert_clear_factor: float = Field(
-        0.6, gt=0, lt=1, description="an alert clears below its threshold times this (hysteresis)"
-    )
-    alert_raise_after: int = Field(2, ge=1, description="consecutive windows at or above the threshold")
-    alert_clear_after: int = Field(1, ge=1, description="consecutive windows below the clear level")
+    # AlertRule's own fields (default, bounds, meaning) under an ``alert_`` prefix: the operating point has one home.
+    # alert_model_thresholds is a JSON object in its variable.
+    alert_default_threshold: Probability = _RULE["default_threshold"]
+    alert_threshold: Probability | None = _RULE["threshold"]
+    alert_model_thresholds: dict[str, Probability] = _RULE["model_thresholds"]
+    alert_clear_factor: float = _RULE["clear_factor"]
+    alert_raise_after: int = _RULE["raise_after"]
+    alert_clear_after: int = _RULE["clear_after"]
     allowed_lateness: Duration = Field(
         timedelta(minutes=10),
         description="how far behind a source's newest event time a record may arrive and still count",
     )
     monitoring_window: Duration = Field(timedelta(days=7), description="length of a monitoring window")
     monitoring_every: Duration = Field(timedelta(days=1), description="how often a monitoring window starts")
-    decision_threshold: Threshold | None = Field(
+    decision_threshold: Probability | None = Field(
         None,
         description="risk at which a window counts as a predicted failure, for predictions that carry no threshold "
         "of their own (the LM's carry the one chosen at training); default: alert_default_threshold",
@@ -113,14 +106,7 @@ class PipelineSettings(BaseSettings):
     @property
     def alert_rule(self) -> AlertRule:
         """The operating point alerts, "at risk" and the dashboard's bands all follow."""
-        return AlertRule(
-            default_threshold=self.alert_default_threshold,
-            threshold=self.alert_threshold,
-            model_thresholds=self.alert_model_thresholds,
-            clear_factor=self.alert_clear_factor,
-            raise_after=self.alert_raise_after,
-            clear_after=self.alert_clear_after,
-        )
+        return AlertRule(**{name: getattr(self, f"alert_{name}") for name in _RULE})
 
     @property
     def allowed_lateness_s(self) -> int:

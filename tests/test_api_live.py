@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -18,6 +18,7 @@ from precursor.api.settings import ApiSettings
 from precursor.contracts.messages import Alert, Prediction, encode
 from precursor.contracts.settings import KafkaSettings
 from tests.fixtures_api import TOKEN, serving
+from tests.fixtures_messages import hourly_prediction
 
 pytestmark = pytest.mark.integration
 
@@ -25,14 +26,11 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def prediction(seq: int, machine_id: str, risk: float) -> Prediction:
-    end = datetime(2026, 3, 1, tzinfo=UTC) + timedelta(hours=seq)
-    return Prediction(
+    return hourly_prediction(
+        seq,
         edge_id="edge-live",
         seq=seq,
         machine_id=machine_id,
-        window_start=end - timedelta(hours=6),
-        window_end=end,
-        horizon_h=24,
         risk={"bearing": risk},
         model_name="precursor-lm",
         model_version="0.3.0",

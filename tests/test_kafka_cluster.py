@@ -14,7 +14,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -30,6 +29,7 @@ from precursor.contracts.messages import Prediction
 from precursor.contracts.settings import KafkaSettings
 from precursor.store import connect
 from tests.conftest import shared_kafka_lib_dir
+from tests.fixtures_messages import hourly_prediction
 
 pytestmark = pytest.mark.integration
 
@@ -77,17 +77,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafkaClus
 
 
 def _prediction(seq: int) -> Prediction:
-    end = datetime(2026, 3, 1, tzinfo=UTC) + timedelta(hours=seq)
-    return Prediction(
-        edge_id="edge-cluster",
-        seq=seq,
-        machine_id=f"m-{seq % 24:02d}",  # 24 machines: every partition gets some
-        window_start=end - timedelta(hours=6),
-        window_end=end,
-        horizon_h=24,
-        risk={"failure": 0.1},
-        model_name="lm",
-        model_version="1",
+    # 24 machines: every partition gets some
+    return hourly_prediction(
+        seq, edge_id="edge-cluster", seq=seq, machine_id=f"m-{seq % 24:02d}", risk={"failure": 0.1}
     )
 
 

@@ -27,6 +27,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+"""A risk or a threshold: a finite number from 0 to 1."""
 
 Band = Literal["high", "elevated", "low"]
 

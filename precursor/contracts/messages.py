@@ -38,11 +38,12 @@ from pydantic import (
     model_validator,
 )
 
+from precursor.contracts.alerting import Probability
+
 SCHEMA_VERSION = 1
 
 Identifier = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")]
 SensorName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]*$")]
-Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
 """A non-negative integer that fits the store's 64-bit columns: a larger one would pass validation and then fail the
