@@ -30,17 +30,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from infra.processes import BackgroundProcess, log_tail, port_in_use
+from infra.service_settings import AbsolutePath, Port
 
 log = logging.getLogger(__name__)
 
 Report = Callable[[str], None]
-Port = Annotated[int, Field(ge=1, le=65535)]
 _LOG_TAIL_LINES = 30
 
 OFFLINE_ENVIRONMENT = {
@@ -86,22 +85,17 @@ class LocalPrefectServer(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="PRECURSOR_LOCAL_PREFECT_", populate_by_name=True, extra="forbid")
 
-    state_dir: Path = Field(
+    state_dir: AbsolutePath = Field(
         Path(".state"),
         validation_alias="PRECURSOR_STATE_DIR",
         description="the server keeps its files in <state>/prefect",
     )
-    home_dir: Path | None = Field(None, description="the server's PREFECT_HOME; <state_dir>/prefect by default")
+    home_dir: AbsolutePath | None = Field(None, description="the server's PREFECT_HOME; <state_dir>/prefect by default")
     host: str = Field("127.0.0.1", min_length=1, description="address the API binds")
     port: Port = 4200
     ui: bool = Field(True, description="serve the dashboard too (it ships inside the prefect package)")
 
     _service: BackgroundProcess | None = PrivateAttr(None)
-
-    @field_validator("state_dir", "home_dir")
-    @classmethod
-    def _absolute(cls, path: Path | None) -> Path | None:
-        return None if path is None else path.expanduser().absolute()
 
     # Layout ------------------------------------------------------------------------------------------------------
 

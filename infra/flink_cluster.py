@@ -31,10 +31,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from infra.maven_jars import find_executable
 from infra.processes import BackgroundProcess, log_tail, port_in_use
+from infra.service_settings import AbsolutePath
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +76,9 @@ class LocalFlinkCluster(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    state_dir: Path = Path(".state")
-    flink_jars: Path = Field(description="the Flink runner's resolved jars (flink-runtime and the rest)")
-    logging_jars: Path | None = Field(None, description="a folder with an SLF4J backend; quiet without one")
+    state_dir: AbsolutePath = Path(".state")
+    flink_jars: AbsolutePath = Field(description="the Flink runner's resolved jars (flink-runtime and the rest)")
+    logging_jars: AbsolutePath | None = Field(None, description="a folder with an SLF4J backend; quiet without one")
     taskmanagers: int = Field(2, ge=1, le=8)
     slots: int = Field(1, ge=1, le=8, description="slots per task manager")
     host: str = "127.0.0.1"
@@ -88,11 +89,6 @@ class LocalFlinkCluster(BaseModel):
     taskmanager_heap_mb: int = Field(384, ge=192, description="task plus framework heap of each task manager")
     network_mb: int = Field(192, ge=64, description="network buffers per task manager: batch shuffles need many")
     java_executable: str = "java"
-
-    @field_validator("state_dir", "flink_jars", "logging_jars")
-    @classmethod
-    def _absolute(cls, path: Path | None) -> Path | None:
-        return None if path is None else path.expanduser().absolute()
 
     @property
     def home(self) -> Path:

@@ -45,7 +45,6 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Annotated
 
 from cryptography import x509
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
@@ -54,6 +53,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from infra.kafka_admin import TopicsEnsured, broker_reachable, ensure_topics, list_topics
 from infra.maven_jars import MissingToolError, find_executable, resolve_runtime_jars
 from infra.processes import BackgroundProcess, log_tail, port_in_use
+from infra.service_settings import AbsolutePath, Port
 from precursor.contracts.settings import KafkaSettings
 from precursor.contracts.topics import Topics
 
@@ -81,7 +81,6 @@ _SCRAM_MECHANISM = "SCRAM-SHA-512"
 _SCRAM_ITERATIONS = 8192
 _CLIENT_LISTENER = {False: "PLAINTEXT", True: "SASL_SSL"}
 
-Port = Annotated[int, Field(ge=1, le=65535)]
 Report = Callable[[str], None]
 
 
@@ -219,7 +218,8 @@ class LocalKafka(BaseSettings):
         env_prefix="PRECURSOR_LOCAL_KAFKA_", populate_by_name=True, extra="forbid", hide_input_in_errors=True
     )
 
-    state_dir: Path = Field(
+    # Absolute (as lib_dir), because the pid check compares it with the running broker's command line.
+    state_dir: AbsolutePath = Field(
         Path(".state"), validation_alias="PRECURSOR_STATE_DIR", description="where data, logs and the pid file live"
     )
     host: str = Field("127.0.0.1", min_length=1, description="address the broker binds and advertises")
@@ -235,7 +235,7 @@ class LocalKafka(BaseSettings):
     heap_mb: int = Field(512, ge=128, description="JVM heap ceiling (-Xmx)")
     java_executable: str = "java"
     maven_executable: str = "mvn"
-    lib_dir: Path | None = Field(None, description="where resolved jars go; <state_dir>/kafka/lib by default")
+    lib_dir: AbsolutePath | None = Field(None, description="where resolved jars go; <state_dir>/kafka/lib by default")
     security: BrokerSecurity | None = Field(None, description="TLS, SASL/SCRAM and ACLs; plaintext when unset")
     # One node of a cluster (infra.kafka_cluster) differs from a single broker only in these.
     node_id: int = Field(1, ge=1, description="this node's KRaft id")
@@ -247,12 +247,6 @@ class LocalKafka(BaseSettings):
     min_insync_replicas: int = Field(1, ge=1, description="replicas that must have a write before acks=all returns")
 
     _service: BackgroundProcess | None = PrivateAttr(None)
-
-    @field_validator("state_dir", "lib_dir")
-    @classmethod
-    def _absolute(cls, path: Path | None) -> Path | None:
-        # Absolute, because the pid check compares it with the running broker's command line.
-        return None if path is None else path.expanduser().absolute()
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> LocalKafka:

@@ -31,10 +31,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from infra.kafka_admin import admin_client, ensure_topics, list_topics
 from infra.kafka_broker import BrokerError, LocalKafka, new_cluster_id
+from infra.service_settings import AbsolutePath
 from precursor.contracts.settings import KafkaSettings
 from precursor.contracts.topics import Topics
 
@@ -74,19 +75,16 @@ class LocalKafkaCluster(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    state_dir: Path = Path(".state")
+    state_dir: AbsolutePath = Path(".state")
     brokers: int = Field(3, ge=2, le=9, description="nodes in the cluster (a quorum of 3 survives one loss)")
     host: str = "127.0.0.1"
     first_port: int = Field(9092, ge=1, le=65535 - 2 * 9)
     partitions: int = Field(6, ge=1)
     topic_prefix: str = Field("precursor", pattern=r"^[A-Za-z0-9._\-]+$")
     heap_mb: int = Field(384, ge=128, description="JVM heap ceiling per node")
-    lib_dir: Path | None = Field(None, description="where the broker jars are; <state_dir>/kafka/lib by default")
-
-    @field_validator("state_dir", "lib_dir")
-    @classmethod
-    def _absolute(cls, path: Path | None) -> Path | None:
-        return None if path is None else path.expanduser().absolute()
+    lib_dir: AbsolutePath | None = Field(
+        None, description="where the broker jars are; <state_dir>/kafka/lib by default"
+    )
 
     @property
     def home(self) -> Path:
