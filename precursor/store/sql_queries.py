@@ -3,7 +3,7 @@
 >>> check_read_only_sql("DELETE FROM predictions")
 Traceback (most recent call last):
 ...
-store.reader_base.SqlRejected: only a single SELECT (or WITH ... SELECT) statement may run here; got DELETE
+precursor.store.reader_base.SqlRejected: only a single SELECT (or WITH ... SELECT) statement may run here; got DELETE
 """
 
 from __future__ import annotations
