@@ -12,6 +12,18 @@ from typing import Any
 from precursor.contracts.alerting import DEFAULT_THRESHOLD
 from precursor.store.reader_base import Page, ReaderBase, _horizon, _Where
 
+# A series of at most ``points`` points over the rows ``m``: the span of their window ends cut into ``points`` buckets
+# of equal width (the ``?`` is ``points``), each of which becomes one point.
+_SPAN = "span AS (SELECT min(epoch_us(window_end)) AS lo, max(epoch_us(window_end)) AS hi FROM m)"
+_BUCKET = "floor((epoch_us(window_end) - lo) * ? / greatest(hi - lo + 1, 1))"
+
+
+def _of_machine(machine_id: str, since: datetime | None, until: datetime | None) -> _Where:
+    """One machine's rows whose window ended from ``since`` to ``until``."""
+    where = _Where()
+    where.add("machine_id = ?", machine_id)
+    return where.within("window_end", since, until)
+
 
 class MachineQueries(ReaderBase):
     def machine_exists(self, machine_id: str) -> bool:
@@ -66,10 +78,7 @@ class MachineQueries(ReaderBase):
         until: datetime | None = None,
     ) -> Page:
         """One machine's predictions, newest first."""
-        where = _Where()
-        where.add("machine_id = ?", machine_id)
-        where.maybe("window_end >= ?", since)
-        where.maybe("window_end <= ?", until)
+        where = _of_machine(machine_id, since, until)
         total_row = self.con.execute(f"SELECT count(*) FROM predictions {where.sql}", where.params).fetchone()
         rows = self.rows(
             f"""
@@ -87,18 +96,15 @@ class MachineQueries(ReaderBase):
         self, machine_id: str, *, since: datetime | None = None, until: datetime | None = None, points: int = 500
     ) -> list[dict[str, Any]]:
         """Predicted risk over time, at most ``points`` points: the peak of each time bucket, so no spike is lost."""
-        where = _Where()
-        where.add("machine_id = ?", machine_id)
-        where.maybe("window_end >= ?", since)
-        where.maybe("window_end <= ?", until)
+        where = _of_machine(machine_id, since, until)
         return self.rows(
             f"""
             WITH m AS (SELECT window_end, max_risk, top_kind FROM predictions {where.sql}),
-            span AS (SELECT min(epoch_us(window_end)) AS lo, max(epoch_us(window_end)) AS hi FROM m)
+            {_SPAN}
             SELECT max(window_end) AS t, max(max_risk) AS risk, avg(max_risk) AS risk_mean,
                    arg_max(top_kind, max_risk) AS top_kind, count(*) AS windows
             FROM m, span
-            GROUP BY floor((epoch_us(window_end) - lo) * ? / greatest(hi - lo + 1, 1))
+            GROUP BY {_BUCKET}
             ORDER BY t
             """,
             [*where.params, points],
@@ -115,10 +121,8 @@ class MachineQueries(ReaderBase):
         until: datetime | None = None,
     ) -> Page:
         """Events (failures, maintenance, error codes, anomalies), newest first."""
-        where = _Where()
+        where = _Where().within("ts", since, until)
         where.maybe("machine_id = ?", machine_id)
-        where.maybe("ts >= ?", since)
-        where.maybe("ts <= ?", until)
         if kinds:
             where.add("kind IN (SELECT unnest(?::VARCHAR[]))", list(kinds))
         return self._page(
@@ -143,9 +147,7 @@ class MachineQueries(ReaderBase):
         ``threshold`` whose horizon covered the failure (after any earlier failure), ``lead_time_h`` how long before
         the failure that was, ``peak_risk`` the highest risk predicted for it."""
         machine_filter = "AND machine_id = ?" if machine_id else ""
-        where = _Where()
-        where.maybe("failed_at >= ?", since)
-        where.maybe("failed_at <= ?", until)
+        where = _Where().within("failed_at", since, until)
         # The previous failure is looked up before the time filter, so the first failure in range still knows it.
         page = self._page(
             f"""
@@ -217,21 +219,18 @@ class MachineQueries(ReaderBase):
         summaries are more than ``points``, each point merges several: their mean, lowest, highest and latest."""
         if not self.has_table("telemetry_summaries"):
             return {}
-        where = _Where()
-        where.add("machine_id = ?", machine_id)
-        where.maybe("window_end >= ?", since)
-        where.maybe("window_end <= ?", until)
+        where = _of_machine(machine_id, since, until)
         if sensors:
             where.add("sensor IN (SELECT unnest(?::VARCHAR[]))", list(sensors))
         rows = self.rows(
             f"""
             WITH m AS (SELECT * FROM telemetry_summaries {where.sql}),
-            span AS (SELECT min(epoch_us(window_end)) AS lo, max(epoch_us(window_end)) AS hi FROM m)
+            {_SPAN}
             SELECT sensor, max(window_end) AS t, sum(value_mean * samples) / sum(samples) AS mean,
                    min(value_min) AS min, max(value_max) AS max, arg_max(value_last, window_end) AS last,
                    sum(samples) AS samples
             FROM m, span
-            GROUP BY sensor, floor((epoch_us(window_end) - lo) * ? / greatest(hi - lo + 1, 1))
+            GROUP BY sensor, {_BUCKET}
             ORDER BY sensor, t
             """,
             [*where.params, points],
@@ -261,8 +260,7 @@ class MachineQueries(ReaderBase):
         where.maybe("machine_id = ?", machine_id)
         where.maybe("state = ?", state)
         where.maybe("kind = ?", kind)
-        where.maybe("ts >= ?", since)
-        where.maybe("ts <= ?", until)
+        where.within("ts", since, until)
         page = self._page(
             f'SELECT machine_id, kind, state, ts AS "at", risk, model_version FROM alerts {where.sql}',
             where.params,

@@ -20,10 +20,8 @@ class ModelQueries(ReaderBase):
         self, *, edge_id: str | None = None, since: datetime | None = None, until: datetime | None = None
     ) -> list[dict[str, Any]]:
         """Which model versions each edge ran: predictions, machines, and the first and last window of each."""
-        where = _Where()
+        where = _Where().within("window_end", since, until)
         where.maybe("edge_id = ?", edge_id)
-        where.maybe("window_end >= ?", since)
-        where.maybe("window_end <= ?", until)
         return self.rows(
             f"""
             SELECT edge_id, model_name, model_version, count(*) AS predictions,
@@ -186,10 +184,8 @@ class ModelQueries(ReaderBase):
         since: datetime | None,
         until: datetime | None,
     ) -> list[dict[str, Any]]:
-        where = _Where()
+        where = _Where().within("p.window_end", since, until)
         where.maybe("p.model_version = ?", model_version)
-        where.maybe("p.window_end >= ?", since)
-        where.maybe("p.window_end <= ?", until)
         where.add(f"p.window_end + {_horizon('p')} <= (SELECT newest FROM observed)")
         width_us = int(bucket.total_seconds() * 1_000_000)
         return self.rows(

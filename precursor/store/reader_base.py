@@ -162,6 +162,12 @@ class _Where:
         if value is not None:
             self.add(clause, value)
 
+    def within(self, column: str, since: datetime | None, until: datetime | None) -> _Where:
+        """``column`` from ``since`` to ``until``, both included; an end left at None is open."""
+        self.maybe(f"{column} >= ?", since)
+        self.maybe(f"{column} <= ?", until)
+        return self
+
     @property
     def sql(self) -> str:
         return ("WHERE " + " AND ".join(self.clauses)) if self.clauses else ""
