@@ -7,11 +7,11 @@ One simulated fleet (``precursor simulate``) is scored twice with the same model
   predictions and events and raises alerts; the figures come from the store's ``alerts`` table joined with its
   failure events, in SQL;
 - **evaluator**: the same files cut into windows as training and ``precursor evaluate`` cut them, scored, and counted
-  window by window (:func:`models.evaluate.window_metrics`) and alert by alert under the pipeline's hysteresis rule
-  (:func:`models.alert_level.alert_metrics`).
+  window by window (:func:`models.training.evaluate.window_metrics`) and alert by alert under the pipeline's
+  hysteresis rule (:func:`models.training.alert_level.alert_metrics`).
 
-Both sides count alerts by the definitions in :mod:`models.alert_level`. Also printed: the alert delay, from the
-deciding prediction's arrival in Kafka (its record timestamp) to the alert's ``stored_at``.
+Both sides count alerts by the definitions in :mod:`models.training.alert_level`. Also printed: the alert delay, from
+the deciding prediction's arrival in Kafka (its record timestamp) to the alert's ``stored_at``.
 
 The model is the drift-zscore baseline at the fleet's threshold for it (0.9, ``alert_model_thresholds``): no training,
 so the figures are the pipeline's and not a training run's. Uses the broker ``PRECURSOR_KAFKA_*`` points at when one
@@ -37,10 +37,10 @@ from kafka import KafkaConsumer, TopicPartition
 from edge_agent.agent import AgentStats
 from edge_agent.config import EdgeConfig
 from edge_agent.daemon import AgentDaemon
-from models.alert_level import AlertMetrics, alert_metrics
-from models.baselines import DriftZScore
-from models.dataset import Fleet, WindowSpec, build_windows
-from models.evaluate import Metrics, score_windows, window_metrics
+from models.edge.baselines import DriftZScore
+from models.training.alert_level import AlertMetrics, alert_metrics
+from models.training.dataset import Fleet, WindowSpec, build_windows
+from models.training.evaluate import Metrics, score_windows, window_metrics
 from pipelines.run import RunReport, run_once
 from pipelines.settings import PipelineSettings
 from precursor.contracts.alerting import AlertRule

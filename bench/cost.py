@@ -65,8 +65,8 @@ def retrain(home: Path, machines: int, days: float, max_steps: int, energy: Ener
     """Train, export and sign the LM on a simulated history; its cost per 1,000 training windows."""
     from transformers.utils import logging as transformers_logging
 
-    from models.signing import generate_keypair
-    from models.train import train
+    from models.edge.signing import generate_keypair
+    from models.training.train import train
 
     history = write_fleet(
         FleetConfig(machines=machines, duration=f"{days}d", interval="10m", seed=11), home / "history"

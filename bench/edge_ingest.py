@@ -76,12 +76,13 @@ def build_artifact(
     n_head: int | None = None,
 ) -> tuple[Path, Path]:
     """A telemetry LM, int8 ONNX, signed; the default size (about 0.15 M parameters) unless ``n_embd``, ``n_layer``
-    or ``n_head`` say otherwise (None: :class:`models.model.ModelConfig`'s default). Runs in a child process."""
-    from models.export import export_artifact
-    from models.model import CheckpointMeta, ModelConfig, build_model, count_parameters, save_checkpoint
-    from models.scoring import Window
-    from models.signing import generate_keypair
-    from models.tokenizer import TelemetryTokenizer, TokenizerSettings
+    or ``n_head`` say otherwise (None: :class:`models.training.model.ModelConfig`'s default). Runs in a child
+    process."""
+    from models.edge.scoring import Window
+    from models.edge.signing import generate_keypair
+    from models.edge.tokenizer import TelemetryTokenizer, TokenizerSettings
+    from models.training.export import export_artifact
+    from models.training.model import CheckpointMeta, ModelConfig, build_model, count_parameters, save_checkpoint
 
     rng = np.random.default_rng(1)
     names = tuple(sensor_names(sensors))
@@ -235,8 +236,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--max-batch", type=int, default=None, help="the agent's model.max_batch (default: the config's default)"
     )
-    # The exported LM's size; None leaves models.model.ModelConfig's default (read in the child: torch stays out of
-    # the measured process).
+    # The exported LM's size; None leaves models.training.model.ModelConfig's default (read in the child: torch stays
+    # out of the measured process).
     parser.add_argument("--n-embd", type=int, default=None, help="LM width (default: ModelConfig's, 64)")
     parser.add_argument("--n-layer", type=int, default=None, help="LM layers (default: ModelConfig's, 2)")
     parser.add_argument("--n-head", type=int, default=None, help="LM attention heads (default: ModelConfig's, 4)")

@@ -1,6 +1,6 @@
 """What explaining alerts costs the edge: time per explained window, and per 1,000 predictions at an alert rate.
 
-The edge explains only the windows at or above the alert threshold (:mod:`models.explain`), in the batch it scored
+The edge explains only the windows at or above the alert threshold (:mod:`models.edge.explain`), in the batch it scored
 them in. This bench does what the edge does: it trains the default telemetry LM on a simulated fleet (all failure
 kinds, error codes and maintenance: the simulator's default profile), exports the signed int8 artifact, and replays a
 later period of that fleet through the runtime in the edge's batches (``model.max_batch``, 16 windows), on one
@@ -28,11 +28,11 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import numpy as np  # noqa: E402
 
-from models.dataset import Fleet, WindowSpec, build_windows, parse_time  # noqa: E402
-from models.explain import explainer_for  # noqa: E402
-from models.runtime import DEFAULT_MAX_BATCH, LMScorer  # noqa: E402
-from models.signing import generate_keypair, load_public_keys  # noqa: E402
-from models.train import TrainSettings, train  # noqa: E402
+from models.edge.explain import explainer_for  # noqa: E402
+from models.edge.runtime import DEFAULT_MAX_BATCH, LMScorer  # noqa: E402
+from models.edge.signing import generate_keypair, load_public_keys  # noqa: E402
+from models.training.dataset import Fleet, WindowSpec, build_windows, parse_time  # noqa: E402
+from models.training.train import TrainSettings, train  # noqa: E402
 from precursor.simulator import FleetConfig, simulate_fleet  # noqa: E402
 from precursor.simulator.planted import write_fleet_files  # noqa: E402
 

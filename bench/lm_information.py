@@ -28,12 +28,12 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from models.baselines import baseline_features, boosted_trees  # noqa: E402
-from models.dataset import Fleet, build_windows, choose_split, parse_time, split_windows  # noqa: E402
-from models.evaluate import average_precision  # noqa: E402
-from models.features import feature_matrix  # noqa: E402
-from models.tokenizer import TelemetryTokenizer  # noqa: E402
-from models.train import TrainSettings  # noqa: E402
+from models.edge.baselines import baseline_features, boosted_trees  # noqa: E402
+from models.edge.features import feature_matrix  # noqa: E402
+from models.edge.tokenizer import TelemetryTokenizer  # noqa: E402
+from models.training.dataset import Fleet, build_windows, choose_split, parse_time, split_windows  # noqa: E402
+from models.training.evaluate import average_precision  # noqa: E402
+from models.training.train import TrainSettings  # noqa: E402
 
 FD001 = REPO_ROOT.parent / "shared" / "datasets" / "cmapss_fd001" / "train"
 

@@ -5,7 +5,7 @@ Everything runs on one core (one intra-op thread), side by side in one run, so t
 - latency per window (p50, p99), one window at a time, for context lengths 64, 128 and 256;
 - batched throughput (windows/s) with batches of ``--batch`` windows of the same length;
 - the artifact's size on disk;
-- the resident memory of an edge process (a fresh interpreter that imports only :mod:`models.runtime`, loads the
+- the resident memory of an edge process (a fresh interpreter that imports only :mod:`models.edge.runtime`, loads the
   artifact and scores a batch);
 - the arithmetic rate reached (FLOP/s, counted from the architecture) as a share of what one core does on a plain
   large fp32 matrix multiply measured in the same run.
@@ -43,7 +43,11 @@ import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
 
-from models.export import (  # noqa: E402
+from models.edge.runtime import DEFAULT_MAX_BATCH  # noqa: E402
+from models.edge.scoring import Window  # noqa: E402
+from models.edge.signing import generate_keypair  # noqa: E402
+from models.edge.tokenizer import TelemetryTokenizer, TokenizerSettings  # noqa: E402
+from models.training.export import (  # noqa: E402
     FP32_MODEL_FILE,
     MODEL_FILE,
     VALUES_INPUT,
@@ -51,7 +55,7 @@ from models.export import (  # noqa: E402
     export_artifact,
     load_checkpoint_model,
 )
-from models.model import (  # noqa: E402
+from models.training.model import (  # noqa: E402
     CheckpointMeta,
     ModelConfig,
     build_model,
@@ -59,10 +63,6 @@ from models.model import (  # noqa: E402
     save_checkpoint,
     takes_values,
 )
-from models.runtime import DEFAULT_MAX_BATCH  # noqa: E402
-from models.scoring import Window  # noqa: E402
-from models.signing import generate_keypair  # noqa: E402
-from models.tokenizer import TelemetryTokenizer, TokenizerSettings  # noqa: E402
 
 SIZES = {
     # the default, read from ModelConfig so this stand-in cannot drift from it
@@ -175,8 +175,8 @@ def standin_checkpoint(directory: Path, size: str, tokenizer: TelemetryTokenizer
 EDGE_RSS_SCRIPT = """
 import json, sys
 import numpy as np
-from models.runtime import LMScorer
-from models.signing import load_public_keys
+from models.edge.runtime import LMScorer
+from models.edge.signing import load_public_keys
 args = json.loads(sys.argv[1])
 scorer = LMScorer.load(args["artifact"], load_public_keys(args["keys"]))
 ids = [[(7 * i + k) % args["vocab"] for k in range(args["length"])] for i in range(args["batch"])]

@@ -16,7 +16,7 @@ never saw (a split by machine) get one scaling per sensor, the machines of a tim
 
 Prints one markdown table (per dataset and scorer: PR-AUC, Brier and ECE mean and min-max over seeds, F1, median
 lead time, false alarms per machine-week, training minutes) and writes it to ``OUT/quality.md``, with every per-seed
-figure in ``OUT/quality.json``. The metrics are :mod:`models.evaluate`'s, each scorer at its validation-chosen
+figure in ``OUT/quality.json``. The metrics are :mod:`models.training.evaluate`'s, each scorer at its validation-chosen
 threshold; Brier and ECE are of the risk each scorer outputs (the LM's through its signed calibration map). An LM's
 training minutes are the whole of it (tokenizing, training, choosing the threshold, export and signing); a baseline's
 are its fit. A dataset or seed that fails is recorded with its error, and the rest still run.
@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import numpy as np  # noqa: E402
 
-from models.dataset import (  # noqa: E402
+from models.training.dataset import (  # noqa: E402
     Fleet,
     LabeledWindow,
     MachineSplit,
@@ -54,8 +54,8 @@ from models.dataset import (  # noqa: E402
     outcome_counts,
     split_windows,
 )
-from models.evaluate import Metrics, best_f1_threshold, score_windows, window_metrics  # noqa: E402
-from models.train import TrainSettings, failures_in, train_on_windows  # noqa: E402
+from models.training.evaluate import Metrics, best_f1_threshold, score_windows, window_metrics  # noqa: E402
+from models.training.train import TrainSettings, failures_in, train_on_windows  # noqa: E402
 from precursor.contracts.durations import parse_duration  # noqa: E402
 
 log = logging.getLogger("quality_suite")
@@ -271,7 +271,7 @@ def prepare(dataset: Dataset, datasets_dir: Path, work: Path, settings: TrainSet
         )
         train, validation = split_windows(train_fleet, spec, split)
         source["validation_split"] = split.to_json()
-    from models.dataset import build_windows
+    from models.training.dataset import build_windows
 
     test = build_windows(test_fleet, spec, ends_from_s=test_from_s)
     if test_from_s is not None:
@@ -289,7 +289,7 @@ def _metrics_record(metrics: Metrics, minutes: float, **extra: Any) -> dict[str,
 
 def run_baselines(prepared: Prepared, settings: TrainSettings, seed: int) -> dict[str, dict[str, Any]]:
     """Gradient boosting and the z-score rule, fitted on the LM's training windows with its tokenizer's scaling."""
-    from models.baselines import GradientBoostingBaseline, ZScoreRule, baseline_features
+    from models.edge.baselines import GradientBoostingBaseline, ZScoreRule, baseline_features
 
     windows = [w.window for w in prepared.train]
     failed = [w.failed for w in prepared.train]
@@ -311,8 +311,8 @@ def run_baselines(prepared: Prepared, settings: TrainSettings, seed: int) -> dic
 
 def run_lm(prepared: Prepared, settings: TrainSettings, folder: Path) -> dict[str, Any]:
     """Train, export to int8 ONNX and sign; score the test windows through the verified artifact (the edge's path)."""
-    from models.runtime import LMScorer
-    from models.signing import generate_keypair, load_public_keys
+    from models.edge.runtime import LMScorer
+    from models.edge.signing import generate_keypair, load_public_keys
 
     keys = folder / "keys"
     generate_keypair(keys)

@@ -51,9 +51,9 @@ def main() -> None:
     from flows.labeled import write_history
     from flows.retrain import retrain
     from flows.settings import RetrainSettings
-    from models.dataset import Fleet, build_windows
-    from models.signing import generate_keypair
-    from models.train import TrainSettings
+    from models.edge.signing import generate_keypair
+    from models.training.dataset import Fleet, build_windows
+    from models.training.train import TrainSettings
     from precursor.simulator import FleetConfig, write_fleet
 
     with tempfile.TemporaryDirectory(prefix="retrain-bench-") as scratch:

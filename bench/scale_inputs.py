@@ -4,7 +4,7 @@ the wire and in a Kafka log, and bytes per stored prediction in DuckDB and in Po
 Predictions are built field by field as the edge agent builds them (``edge_agent.agent.Agent._prediction``) and
 serialized by the contract's own ``encode`` (compact JSON): the int8 LM's risk per failure kind (the simulator's five
 kinds and ``failure``, float64 as the runtime's calibration returns them), its threshold, and on an explained share
-of windows three reasons shaped as ``models.explain`` writes them; the drift z-score baseline sends one risk and no
+of windows three reasons shaped as ``models.edge.explain`` writes them; the drift z-score baseline sends one risk and no
 threshold. Identifiers are sized for a million machines (``plant-0421-gw-03``, ``plant-0421-pump-000123``).
 
 - Kafka: the edge's own publisher (``KafkaPublisher``: key = machine_id, ``acks=all``) sends ``--kafka`` predictions
@@ -52,7 +52,7 @@ START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def reasons(rng: np.random.Generator) -> list[Reason]:
-    """Three reasons in the shapes ``models.explain`` writes: a sensor statistic in a block, an error code, a part."""
+    """Three reasons in the shapes ``models.edge.explain`` writes: a sensor statistic in a block, an error code, a part."""
     drops = sorted(rng.uniform(0.02, 0.4, 3), reverse=True)
     return [
         Reason(

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from models.train import TrainSettings, train  # noqa: E402
+from models.training.train import TrainSettings, train  # noqa: E402
 
 FD001 = REPO_ROOT.parent / "shared" / "datasets" / "cmapss_fd001" / "train"
 

@@ -45,7 +45,7 @@ from edge_agent.summaries import TelemetrySummarizer, summary_messages
 from edge_agent.telemetry_source import Item, SourceBatch
 from edge_agent.windows import WindowBuilder
 from infra.energy import Rapl
-from models.scoring import Scorer, Window
+from models.edge.scoring import Scorer, Window
 from precursor.contracts.formats import RowError, read_machines
 from precursor.contracts.messages import (
     ContractError,
@@ -85,7 +85,7 @@ class AgentStats:
 
 
 class Explainer(Protocol):
-    """What the agent needs of an explainer (:class:`models.explain.OcclusionExplainer`)."""
+    """What the agent needs of an explainer (:class:`models.edge.explain.OcclusionExplainer`)."""
 
     def explain_many(self, windows: Sequence[Window], risks: Sequence[dict[str, float]]) -> list[list[Reason]]: ...
 
@@ -168,7 +168,7 @@ class EdgeAgent:
         self.last_scoring_failure: float | None = None
         self._explainer: tuple[Scorer, Explainer | None] | None = None
         self.explain_seconds = 0.0
-        """Wall seconds spent explaining alerting windows (see :mod:`models.explain`)."""
+        """Wall seconds spent explaining alerting windows (see :mod:`models.edge.explain`)."""
         self.on_acks: Callable[[list[tuple[str, Any]]], None] | None = None
         """Called after each commit with the (source, ack) pairs it made safe (the daemon tells the sources)."""
 
@@ -508,7 +508,7 @@ class EdgeAgent:
         explainer = None
         spec = self.config.explain
         if spec.enabled and hasattr(scorer, "score_token_ids"):
-            from models.explain import ExplainSettings, explainer_for  # onnxruntime: only where the LM runs
+            from models.edge.explain import ExplainSettings, explainer_for  # onnxruntime: only where the LM runs
 
             settings = ExplainSettings(
                 max_reasons=spec.max_reasons, min_log_odds_drop=spec.min_log_odds_drop, max_sensors=spec.max_sensors

@@ -257,7 +257,7 @@ class ModelSpec(_Strict):
 
 class ExplainSpec(_Strict):
     """Why each alerting prediction: the context that moved its risk most, by occlusion on the running model
-    (:mod:`models.explain`), sent in the prediction's ``reasons``. Only windows at or above the alert threshold are
+    (:mod:`models.edge.explain`), sent in the prediction's ``reasons``. Only windows at or above the alert threshold are
     explained, so the cost follows the alert rate; models that cannot be explained (the baseline) send none."""
 
     enabled: bool = True

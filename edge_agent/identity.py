@@ -33,7 +33,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from models.signing import (
+from models.edge.signing import (
     PRIVATE_KEY_SUFFIX,
     PUBLIC_KEY_SUFFIX,
     generate_keypair,
@@ -52,7 +52,7 @@ IDENTITY_DIR = "identity"
 KEY_NAME = "edge"
 ENROLLMENT_FILE = "enrollment.txt"
 DISTRIBUTION = "precursor"
-AGENT_PACKAGES = ("precursor/contracts", "edge_agent", "models")
+AGENT_PACKAGES = ("precursor/contracts", "edge_agent", "models/edge")
 """The packages an edge agent runs (folders from the install root): their source files make the build hash."""
 
 

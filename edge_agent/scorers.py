@@ -18,11 +18,11 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from edge_agent.config import ModelSpec
-from models.baselines import DriftZScore
-from models.registry import ArtifactManifest, artifact_sha256, verify_artifact
-from models.releases import KEYRING_FILE, current_trust
-from models.scoring import Scorer
-from models.signing import load_public_keys
+from models.edge.baselines import DriftZScore
+from models.edge.registry import ArtifactManifest, artifact_sha256, verify_artifact
+from models.edge.releases import KEYRING_FILE, current_trust
+from models.edge.scoring import Scorer
+from models.edge.signing import load_public_keys
 
 log = logging.getLogger("precursor.edge.model")
 
@@ -55,8 +55,8 @@ def load_lm(artifact: Path, spec: ModelSpec, trusted_keys: dict[str, Ed25519Publ
 
 def open_lm(artifact: Path, spec: ModelSpec, manifest: ArtifactManifest) -> RunningModel:
     """The language model artifact whose ``manifest`` the caller has just verified (see
-    :meth:`models.runtime.LMScorer.from_verified`)."""
-    from models.runtime import LMScorer  # onnxruntime is only needed when the LM runs
+    :meth:`models.edge.runtime.LMScorer.from_verified`)."""
+    from models.edge.runtime import LMScorer  # onnxruntime is only needed when the LM runs
 
     scorer = LMScorer.from_verified(
         artifact, manifest, intra_op_num_threads=spec.threads, max_batch_size=spec.max_batch

@@ -4,7 +4,7 @@ For each :class:`~precursor.contracts.messages.ModelRelease` meant for this edge
 update
 targets, and ``canary_edges``, when set, names this edge):
 
-1. check the release message itself (:mod:`models.releases`): follow the key rotations it carries, check its
+1. check the release message itself (:mod:`models.edge.releases`): follow the key rotations it carries, check its
    signature as a whole by a trusted key and that it has not expired, and that it does not go back on what this edge
    accepted for its target (an older issue, a lower version unless signed as a rollback, another artifact under an
    accepted version; the ledger survives restarts); a repeat of the accepted release is a logged no-op;
@@ -12,8 +12,8 @@ targets, and ``canary_edges``, when set, names this edge):
    ``s3://`` registry version or archive, which needs the ``s3`` extra), bounded by ``updates.max_bytes``, into a
    staging folder renamed into its own folder once complete;
 3. verify it against the release, once, just before it loads: the manifest's sha256 is the release's, the ed25519
-   signature is by a trusted key, every file matches the manifest (:func:`models.registry.verify_release`); a folder
-   that fails is removed;
+   signature is by a trusted key, every file matches the manifest (:func:`models.edge.registry.verify_release`); a
+   folder that fails is removed;
 4. load it beside the running model, each file read against that verified manifest;
 5. self-test it on the agent's recent windows: it scores them without error, every risk is a probability, it reads
    enough of the sensors this edge has, and it is fast enough;
@@ -50,9 +50,9 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, TypeAdapter, Validati
 
 from edge_agent.config import EdgeConfig, SelfTestSpec
 from edge_agent.scorers import RunningModel, ScorerSlot, load_trusted_keys, open_lm
-from models.object_registry import download_objects
-from models.registry import ArtifactError, unpack, verify_release
-from models.releases import (
+from models.edge.object_registry import download_objects
+from models.edge.registry import ArtifactError, unpack, verify_release
+from models.edge.releases import (
     KEYRING_FILE,
     ExpiredReleaseError,
     KeyRotationError,
@@ -63,8 +63,8 @@ from models.releases import (
     save_keyring,
     verify_release_statement,
 )
-from models.scoring import Scorer, Window
-from models.signing import SignatureError
+from models.edge.scoring import Scorer, Window
+from models.edge.signing import SignatureError
 from precursor.contracts.messages import ContractError, ModelRelease, decode
 from precursor.contracts.object_store import S3_PROTOCOLS, ObjectStoreError, ObjectStoreSettings, filesystem
 from precursor.contracts.outcomes import ANY_FAILURE
@@ -169,7 +169,7 @@ def probe_windows(sensors: Sequence[str], count: int = 4) -> list[Window]:
 def model_sensors(artifact: Path) -> list[str] | None:
     """The sensors the artifact's telemetry tokenizer reads; None when it has no such tokenizer."""
     try:
-        from models.tokenizer import TelemetryTokenizer, TokenizerError
+        from models.edge.tokenizer import TelemetryTokenizer, TokenizerError
 
         return list(TelemetryTokenizer.load(artifact).sensors)
     except (TokenizerError, OSError, ValueError):
@@ -256,7 +256,7 @@ class ModelUpdater:
     """Applies releases to a :class:`ScorerSlot`; the thread that follows Kafka calls :meth:`apply`.
 
     Every release is judged in this order, and every outcome is logged with its reason: meant for this edge; not
-    refused before (remembered by :func:`~models.releases.release_digest`, so a tampered copy never shadows the
+    refused before (remembered by :func:`~models.edge.releases.release_digest`, so a tampered copy never shadows the
     genuine release); key rotations it carries; its signature as a whole; not expired; not older than what was
     accepted for its target; its model never failed here; then fetch, verify, load, self-test and swap.
     """

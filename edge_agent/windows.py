@@ -34,7 +34,7 @@ import numpy as np
 
 from edge_agent.config import WindowSpec
 from edge_agent.parsing import Reading
-from models.scoring import Window
+from models.edge.scoring import Window
 from precursor.contracts.messages import Event, TelemetryReading
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from models.dataset import HOUR_S, DatasetError, LabeledWindow, label_known_by
+from models.training.dataset import HOUR_S, DatasetError, LabeledWindow, label_known_by
 
 
 @dataclass(frozen=True)

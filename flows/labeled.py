@@ -2,7 +2,7 @@
 
 The labeled dataset (:mod:`pipelines.labeling`) holds one row per final prediction: the machine, the window's end, the
 outcome the field reported and the lead time to the first failure. The window's readings stay at the edge by
-default and reach training as generic-format files; :func:`models.dataset.build_windows` cuts windows from them
+default and reach training as generic-format files; :func:`models.training.dataset.build_windows` cuts windows from them
 by the edge's rule, and the join on ``(machine_id, window_end)`` gives each example the model's exact input. The
 labels are the field's (they win over the files' events where the two differ); the windows' context (errors,
 maintenance) is the files'.
@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from models.dataset import HOUR_S, DatasetError, Fleet, LabeledWindow, WindowSpec, build_windows
+from models.training.dataset import HOUR_S, DatasetError, Fleet, LabeledWindow, WindowSpec, build_windows
 from pipelines.labeling import (
     Example,
     dataset_exists,

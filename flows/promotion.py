@@ -5,7 +5,7 @@ windows. The candidate is promoted only if it beats the champion's promotion met
 champion yet, a candidate is promoted on its own. Too few failures in the held-out window give no verdict at all:
 a model is never promoted (or kept) on one or two failures' worth of noise.
 
->>> from models.evaluate import Metrics
+>>> from models.training.evaluate import Metrics
 >>> def m(pr_auc): return Metrics(precision=0.5, recall=0.5, f1=0.5, pr_auc=pr_auc, median_lead_time_h=6.0,
 ...     false_alarms_per_machine_week=0.1, threshold=0.5, windows=100, failed_windows=10, failures=3,
 ...     failures_alerted=2)
@@ -23,9 +23,9 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from models.dataset import LabeledWindow
-from models.evaluate import Metrics, ScoredWindow, window_metrics
-from models.scoring import Risk, Scorer
+from models.edge.scoring import Risk, Scorer
+from models.training.dataset import LabeledWindow
+from models.training.evaluate import Metrics, ScoredWindow, window_metrics
 from precursor.contracts.outcomes import ANY_FAILURE, OK
 
 _TOLERANCE = 1e-12

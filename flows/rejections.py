@@ -6,7 +6,7 @@ cannot be written inside it. It goes to ``<registry>/<model_name>/rejected.json`
 store, one PUT).
 
 >>> import tempfile
->>> from models.registry import ModelRegistry
+>>> from models.edge.registry import ModelRegistry
 >>> registry = ModelRegistry(tempfile.mkdtemp(), trusted_keys={})
 >>> mark_rejected(registry, "2026.1.2", "canary edge-1 reports version 2026.1.2 failing")
 >>> rejected_versions(registry)["2026.1.2"]["reason"]
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from models.registry import ModelRegistry
+from models.edge.registry import ModelRegistry
 
 REJECTED_FILE = "rejected.json"
 

@@ -42,12 +42,12 @@ from flows.retries import BROKER_TROUBLE, retry_on
 from flows.rollout import KafkaHeartbeats, KafkaReleaseChannel, RolloutReport, staged_rollout
 from flows.settings import RetrainSettings
 from flows.training import train_candidate_on
-from models.dataset import Fleet
-from models.export import ExportParityError
-from models.object_registry import open_registry
-from models.registry import ModelRegistry, RegistryEntry, release_for
-from models.releases import ReleaseSigner
-from models.signing import TrustedKeys, key_id, load_private_key, load_public_keys
+from models.edge.object_registry import open_registry
+from models.edge.registry import ModelRegistry, RegistryEntry, release_for
+from models.edge.releases import ReleaseSigner
+from models.edge.signing import TrustedKeys, key_id, load_private_key, load_public_keys
+from models.training.dataset import Fleet
+from models.training.export import ExportParityError
 from precursor.contracts.object_store import describe, is_url
 
 COMPARISON_ARTIFACT_KEY = "retrain-comparison"
@@ -159,8 +159,8 @@ def judge_candidate(
     evidence: Evidence, settings: RetrainSettings, checkpoint_dir: Path, version: str
 ) -> tuple[Comparison, str | None]:
     """(comparison, champion version): both models on the held-out windows, and the verdict."""
-    from models.model import TorchScorer, read_meta
-    from models.runtime import LMScorer
+    from models.edge.runtime import LMScorer
+    from models.training.model import TorchScorer, read_meta
 
     every_h = settings.training.every_h
     candidate = evaluate_model(
@@ -205,7 +205,7 @@ def record_comparison(comparison: Comparison) -> str:
 
 @task(name="export-and-sign", cache_policy=NO_CACHE)
 def export_and_sign(evidence: Evidence, settings: RetrainSettings, checkpoint_dir: Path, version: str) -> Path:
-    from models.export import export_artifact
+    from models.training.export import export_artifact
 
     artifact = export_artifact(
         checkpoint_dir,

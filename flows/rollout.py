@@ -145,7 +145,7 @@ def staged_rollout(
 ) -> RolloutReport:
     """Roll ``candidate`` out in stages (see the module text); ``previous`` is the release to go back to.
 
-    ``sign`` (a :class:`models.releases.ReleaseSigner`) signs each release as it is published, after its targeting
+    ``sign`` (a :class:`models.edge.releases.ReleaseSigner`) signs each release as it is published, after its targeting
     is set: edges refuse unsigned releases, so only a test's own fake edges do without it. The rollback is signed as
     one (``rollback``), the only way an edge goes back to a lower version.
     """

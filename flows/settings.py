@@ -32,8 +32,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, Field, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from models.registry import DEFAULT_MODEL_NAME
-from models.train import TrainSettings
+from models.edge.registry import DEFAULT_MODEL_NAME
+from models.training.train import TrainSettings
 from precursor.contracts.durations import Duration
 from precursor.contracts.messages import Identifier
 from precursor.contracts.object_store import Location, ObjectStoreSettings

@@ -1,8 +1,9 @@
 """Training a candidate from labeled windows (the evidence the pipelines collect), not from the generic files.
 
-:func:`models.train.train` reads telemetry and event files and splits them itself; the retrain flow already holds
-labeled windows, so it splits those by the same rule (:func:`models.dataset.split_for_validation`) and hands them to
-:func:`models.train.train_on_windows`: what it trains is exactly what ``precursor train`` would.
+:func:`models.training.train.train` reads telemetry and event files and splits them itself; the retrain flow already
+holds labeled windows, so it splits those by the same rule (:func:`models.training.dataset.split_for_validation`) and
+hands them to :func:`models.training.train.train_on_windows`: what it trains is exactly what ``precursor train``
+would.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from models.dataset import LabeledWindow, split_for_validation
-from models.train import TrainResult, TrainSettings, train_on_windows
+from models.training.dataset import LabeledWindow, split_for_validation
+from models.training.train import TrainResult, TrainSettings, train_on_windows
 
 
 def train_candidate_on(

@@ -37,8 +37,8 @@ from typing import Any, Literal
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from models.registry import MANIFEST_FILE, artifact_sha256, manifest_sha256
-from models.signing import SignatureError, key_id, public_key_from_text, verify
+from models.edge.registry import MANIFEST_FILE, artifact_sha256, manifest_sha256
+from models.edge.signing import SignatureError, key_id, public_key_from_text, verify
 from pipelines.records import HeartbeatRecord, heartbeat_record
 from precursor.contracts.enrollment import EnrolledKey, EnrollmentError, parse_enrolled_edges
 from precursor.contracts.messages import Heartbeat

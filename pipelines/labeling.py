@@ -1,9 +1,9 @@
 """Labeling: each prediction joined with the failures reported after it into a training dataset, in event time.
 
-The rule is the training rule of :mod:`models.dataset`, so the labels the field produces and the labels training
-computes from files agree exactly: the **outcome** of a prediction for machine ``m`` whose window ends at ``t`` with
-horizon ``H`` is the kind of ``m``'s first failure in ``[t, t + H)`` (``failure`` when the event names no kind), else
-``ok``. A failure at ``t`` itself counts: the window covered ``[t - window, t)`` and did not see it.
+The rule is the training rule of :mod:`models.training.dataset`, so the labels the field produces and the labels
+training computes from files agree exactly: the **outcome** of a prediction for machine ``m`` whose window ends at ``t``
+with horizon ``H`` is the kind of ``m``'s first failure in ``[t, t + H)`` (``failure`` when the event names no kind),
+else ``ok``. A failure at ``t`` itself counts: the window covered ``[t - window, t)`` and did not see it.
 
 Event time and completeness. Failures arrive late: an edge may be offline for a day and then deliver its backlog. An
 edge delivers its own records in order (its outbox is a queue), so once the store holds a record of edge ``e`` with
@@ -21,7 +21,7 @@ The dataset (what a retraining loop needs):
   workers that write days open it with the object store settings of their own environment, so no credential travels
   inside the pipeline.
 - One row per final prediction: ``machine_id``, ``window_start``, ``window_end``, ``horizon_h`` (the window is the
-  pointer to its telemetry), ``outcome`` (``ok`` or the failure kind, as in ``models.dataset.LabeledWindow``),
+  pointer to its telemetry), ``outcome`` (``ok`` or the failure kind, as in ``models.training.dataset.LabeledWindow``),
   ``failure_kinds`` (every kind that failed within the horizon) with ``failure_kinds_at`` (the first failure of each),
   ``failure_at`` and ``lead_time_h`` (from the window end to the first failure), and what the deployed model said:
   ``model_name``, ``model_version``, ``risk`` (JSON of risk per kind), ``risk_any`` (the any-failure risk), plus
@@ -29,10 +29,10 @@ The dataset (what a retraining loop needs):
 - ``<dataset>/_dataset.json`` names the format and the label rule.
 
 Retraining joins the rows on ``(machine_id, window_end)`` with windows cut from telemetry by
-``models.dataset.build_windows`` (the same boundaries as the edge's), which gives the model's exact input: raw telemetry
-stays at the edge by default and reaches training as generic-format files. The labels from the field are the ones to
-trust where they differ from a file's events, and ``risk`` per model version shows where the deployed model was wrong
-(hard examples, and the champion's score on the same windows for a challenger to beat).
+``models.training.dataset.build_windows`` (the same boundaries as the edge's), which gives the model's exact input: raw
+telemetry stays at the edge by default and reaches training as generic-format files. The labels from the field are the
+ones to trust where they differ from a file's events, and ``risk`` per model version shows where the deployed model was
+wrong (hard examples, and the champion's score on the same windows for a challenger to beat).
 
 Idempotent: the dataset is a function of the store. Every run rebuilds the days it covers and rewrites a day's file
 only when its rows changed (written to a temporary file, then renamed; on an object store, one PUT), so re-running

@@ -30,8 +30,8 @@ from transformers.utils import logging as transformers_logging
 from edge_agent.identity import enroll
 from infra.kafka_admin import admin_client, ensure_topics
 from infra.kafka_broker import LocalKafka
-from models.signing import generate_keypair
-from models.train import TrainSettings, train
+from models.edge.signing import generate_keypair
+from models.training.train import TrainSettings, train
 from pipelines.run import run_once
 from pipelines.settings import PipelineSettings
 from precursor.contracts.settings import PrecursorSettings

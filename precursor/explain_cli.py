@@ -60,8 +60,8 @@ def explain_command(
     """Why a prediction: rebuild one machine's window from the telemetry where it lies, score it with the signed
     model the edge runs and explain it by occlusion, whatever its risk."""
     from edge_agent.config import ConfigError, EdgeConfig, ModelSpec
-    from models.dataset import DatasetError, Fleet, WindowSpec, build_windows
-    from models.explain import ExplainSettings, explainer_for
+    from models.edge.explain import ExplainSettings, explainer_for
+    from models.training.dataset import DatasetError, Fleet, WindowSpec, build_windows
     from precursor.contracts.durations import parse_duration
 
     if (config is None) == (model is None):
@@ -170,7 +170,7 @@ def _files(edge: Any, telemetry: Path | None, events: Path | None, machines: Pat
 
 
 def _window_end(fleet: Any, machine: str, at: str | None, every_s: float) -> int:
-    from models.dataset import parse_time
+    from models.training.dataset import parse_time
 
     rows = dict(fleet.table.machines()).get(machine)
     if rows is None:

@@ -6,7 +6,7 @@ public key's id are shown.
 With ``--rotate-from OLD.key`` the new key pair also gets a key rotation statement, appended to the chain in
 ``keyring.json`` beside it (started from the one beside the old key): signed by the old key(s) and the new one, it
 moves every edge that reads a release carrying it to the new key, and revokes the old key unless ``--keep-old``
-(see :mod:`models.releases`).
+(see :mod:`models.edge.releases`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Annotated
 
 import typer
 
-from models.releases import KEYRING_FILE, KeyRotationError, KeyTrust, load_keyring, make_rotation, save_keyring
-from models.signing import generate_keypair, key_id, load_private_key
+from models.edge.releases import KEYRING_FILE, KeyRotationError, KeyTrust, load_keyring, make_rotation, save_keyring
+from models.edge.signing import generate_keypair, key_id, load_private_key
 from precursor.common import fail
 
 

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from models.progress import NO_PROGRESS, Progress
+from models.training.progress import NO_PROGRESS, Progress
 from precursor.common import fail
 from precursor.contracts.durations import parse_duration
 
@@ -27,7 +27,7 @@ ProgressOption = Annotated[
 
 def _progress(quiet: bool, force: bool) -> AbstractContextManager[Progress]:
     """Bars on stderr for a person at a terminal (stdout stays exactly what it is without them)."""
-    from models.progress import TerminalProgress, wanted
+    from models.training.progress import TerminalProgress, wanted
 
     return TerminalProgress() if wanted(quiet=quiet, force=force) else nullcontext(NO_PROGRESS)
 
@@ -43,7 +43,7 @@ def _hours(value: str, option: str) -> float:
 
 
 def _stats(value: str, option: str) -> tuple[str, ...]:
-    from models.features import STATISTICS
+    from models.edge.features import STATISTICS
 
     names = tuple(s.strip() for s in value.split(",") if s.strip())
     unknown = [s for s in names if s not in STATISTICS]
@@ -138,8 +138,8 @@ def train_command(
         typer.Option(
             "--set",
             help="Any other training setting, as NAME=VALUE (repeatable): dropout=0.2, learning_rate=1e-3, "
-            "token_dropout=0.2, ordinal_init=false, bins=8 ... (the fields of models.train.TrainSettings and of its "
-            "tokenizer).",
+            "token_dropout=0.2, ordinal_init=false, bins=8 ... (the fields of "
+            "models.training.train.TrainSettings and of its tokenizer).",
         ),
     ] = None,
     quiet: QuietOption = False,
@@ -148,9 +148,9 @@ def train_command(
     """Train the telemetry language model; choose its alert threshold on a validation period at the end of the data."""
     from pydantic import ValidationError
 
-    from models.dataset import DatasetError, MachineSplit
-    from models.tokenizer import TokenizerError
-    from models.train import TrainSettings, describe, train
+    from models.edge.tokenizer import TokenizerError
+    from models.training.dataset import DatasetError, MachineSplit
+    from models.training.train import TrainSettings, describe, train
     from precursor.contracts.messages import ContractError
 
     horizon_h = _hours(horizon, "--horizon")
@@ -232,9 +232,9 @@ def evaluate_command(
     progress: ProgressOption = False,
 ) -> None:
     """Evaluate the model and two baselines on the same test windows, each at its validation-chosen threshold."""
-    from models.dataset import DatasetError, MachineSplit
-    from models.evaluate import evaluate
-    from models.tokenizer import TokenizerError
+    from models.edge.tokenizer import TokenizerError
+    from models.training.dataset import DatasetError, MachineSplit
+    from models.training.evaluate import evaluate
     from precursor.contracts.messages import ContractError
 
     horizon_h = _hours(horizon, "--horizon") if horizon is not None else None

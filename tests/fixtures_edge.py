@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from infra.kafka_broker import free_ports
-from models.scoring import Window
+from models.edge.scoring import Window
 
 MOSQUITTO = Path("/usr/sbin/mosquitto")
 
@@ -216,9 +216,9 @@ def build_artifact(
 ) -> Path:
     """A real (random-weight) telemetry LM: tokenizer fitted on synthetic windows, a one-layer GPT-2, int8 ONNX,
     signed. Takes a few seconds (torch export); tests build one per module."""
-    from models.export import export_artifact
-    from models.model import CheckpointMeta, ModelConfig, build_model, count_parameters, save_checkpoint
-    from models.tokenizer import TelemetryTokenizer, TokenizerSettings
+    from models.edge.tokenizer import TelemetryTokenizer, TokenizerSettings
+    from models.training.export import export_artifact
+    from models.training.model import CheckpointMeta, ModelConfig, build_model, count_parameters, save_checkpoint
 
     windows = training_windows(sensors)
     tokenizer = TelemetryTokenizer(TokenizerSettings(horizon_h=24, window_h=1, blocks=2, bins=8, min_machine_rows=5))
@@ -243,8 +243,8 @@ def resign(source: Path, out: Path, version: str, signing_key: Path) -> Path:
     """A copy of an artifact signed again, as another version and/or by another key (a cheap second artifact)."""
     import shutil
 
-    from models.registry import MANIFEST_FILE, SIGNATURE_FILE, sign_artifact
-    from models.signing import load_private_key
+    from models.edge.registry import MANIFEST_FILE, SIGNATURE_FILE, sign_artifact
+    from models.edge.signing import load_private_key
 
     shutil.copytree(source, out)
     (out / MANIFEST_FILE).unlink()

@@ -13,9 +13,9 @@ import pytest
 
 from flows.labeled import write_history
 from flows.settings import RetrainSettings
-from models.dataset import Fleet, build_windows
-from models.signing import KeyPair, generate_keypair
-from models.train import TrainSettings
+from models.edge.signing import KeyPair, generate_keypair
+from models.training.dataset import Fleet, build_windows
+from models.training.train import TrainSettings
 from precursor.simulator import FleetConfig, write_fleet
 
 HORIZON_H = 24.0

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.alert_level import AlertSpan, FailureAt, alert_outcomes, alert_spans
-from models.evaluate import ScoredWindow
+from models.training.alert_level import AlertSpan, FailureAt, alert_outcomes, alert_spans
+from models.training.evaluate import ScoredWindow
 from pipelines.alerts import Timeline, advance
 from pipelines.records import PredictionRecord
 from precursor.contracts.alerting import AlertRule

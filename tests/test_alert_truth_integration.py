@@ -5,7 +5,7 @@ it), published to the Kafka broker, ingested by the Beam pipeline while the edge
 stream is cut into runs as it comes), and its alerts stored. From the store's ``alerts`` table joined with the failure
 events (SQL, ``bench/alert_truth.py``): failures alerted before they happened, their lead times, false alerts per
 machine-week. The evaluator cuts the same files into windows as training does, scores them with the same model and
-counts alerts under the pipeline's hysteresis (``models.alert_level``). The two must agree:
+counts alerts under the pipeline's hysteresis (``models.training.alert_level``). The two must agree:
 
 - failures alerted, give or take one; median lead time within one window step; false alerts per machine-week within
   10 % (+ one alert). Both sides count alerts by the same definitions, and the edge scores the very windows the

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from models.calibration import Calibration, reliability_bins
-from models.registry import ModelRegistry, sign_artifact
-from models.signing import generate_keypair, load_private_key, load_public_keys
+from models.edge.calibration import Calibration, reliability_bins
+from models.edge.registry import ModelRegistry, sign_artifact
+from models.edge.signing import generate_keypair, load_private_key, load_public_keys
 from precursor.api.app import create_app
 from precursor.api.settings import ApiSettings
 from precursor.contracts.settings import KafkaSettings

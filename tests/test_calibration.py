@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from models.calibration import (
+from models.edge.calibration import (
     IDENTITY,
     MIN_POSITIVES,
     Calibration,
@@ -26,16 +26,16 @@ from models.calibration import (
     fit_platt,
     reliability_bins,
 )
-from models.calibration_report import registry_calibrations
-from models.dataset import Fleet, TimeSplit, WindowSpec, parse_time, split_windows
-from models.model import TorchScorer, read_meta
-from models.outcome import pack_sequences, risks_from_logits
-from models.registry import ArtifactError, ModelRegistry, TamperedArtifactError, sign_artifact
-from models.runtime import LMScorer
-from models.scoring import Window
-from models.signing import generate_keypair, load_private_key, load_public_keys
-from models.tokenizer import TelemetryTokenizer
-from models.train import TrainSettings, train
+from models.edge.outcome import pack_sequences, risks_from_logits
+from models.edge.registry import ArtifactError, ModelRegistry, TamperedArtifactError, sign_artifact
+from models.edge.runtime import LMScorer
+from models.edge.scoring import Window
+from models.edge.signing import generate_keypair, load_private_key, load_public_keys
+from models.edge.tokenizer import TelemetryTokenizer
+from models.training.calibration_report import registry_calibrations
+from models.training.dataset import Fleet, TimeSplit, WindowSpec, parse_time, split_windows
+from models.training.model import TorchScorer, read_meta
+from models.training.train import TrainSettings, train
 from precursor.contracts.outcomes import ANY_FAILURE
 from precursor.models_cli import evaluate_command
 from tests.test_lm_training import TINY, write_tiny_fleet

@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from models.progress import wanted
+from models.training.progress import wanted
 from precursor.models_cli import evaluate_command, train_command
 from tests.test_lm_training import write_tiny_fleet
 

@@ -38,11 +38,11 @@ from flows.promotion import comparison_markdown
 from flows.retrain import retrain
 from flows.server import LocalPrefectServer
 from flows.settings import DriftCheckSettings, RetrainSettings
-from models.dataset import Fleet, build_windows
-from models.registry import ModelRegistry
-from models.runtime import LMScorer
-from models.signing import KeyPair, generate_keypair, load_public_keys
-from models.train import TrainSettings
+from models.edge.registry import ModelRegistry
+from models.edge.runtime import LMScorer
+from models.edge.signing import KeyPair, generate_keypair, load_public_keys
+from models.training.dataset import Fleet, build_windows
+from models.training.train import TrainSettings
 from pipelines.labeling import read_dataset, run_labeling
 from pipelines.monitoring import run_monitoring
 from pipelines.run import run_once

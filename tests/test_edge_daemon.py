@@ -197,7 +197,7 @@ def test_bad_configs_stop_the_start_with_errors_that_name_the_key(
 
 def test_the_edge_agent_never_imports_the_cloud_stack() -> None:
     code = (
-        "import sys, edge_agent.daemon, edge_agent.updates, edge_agent.mqtt, edge_agent.tail, models.runtime; "
+        "import sys, edge_agent.daemon, edge_agent.updates, edge_agent.mqtt, edge_agent.tail, models.edge.runtime; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'apache_beam', 'prefect', "
         "'sklearn', 'duckdb'}))"
     )

@@ -23,7 +23,7 @@ from edge_agent.daemon import AgentDaemon
 from edge_agent.daemon import main as daemon_main
 from edge_agent.identity import EdgeIdentity, agent_build, enroll
 from edge_agent.scorers import load_scorer
-from models.signing import load_public_key, public_key_text
+from models.edge.signing import load_public_key, public_key_text
 from pipelines.edge_trust import HeartbeatJudge, release_hashes
 from precursor.cli import app
 from precursor.contracts.enrollment import EnrollmentError, parse_enrolled_edges

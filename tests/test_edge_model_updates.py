@@ -26,11 +26,11 @@ from edge_agent.config import EdgeConfig, SelfTestSpec
 from edge_agent.daemon import AgentDaemon
 from edge_agent.scorers import RunningModel, ScorerSlot, load_lm, load_running
 from edge_agent.updates import MAX_RELEASE_BYTES, ModelUpdater, UpdateFollower, UpdateOutcome, UpdateRefused, self_test
-from models.baselines import DriftZScore
-from models.registry import pack, release_for
-from models.releases import ReleaseSigner
-from models.scoring import Window
-from models.signing import generate_keypair, load_private_key
+from models.edge.baselines import DriftZScore
+from models.edge.registry import pack, release_for
+from models.edge.releases import ReleaseSigner
+from models.edge.scoring import Window
+from models.edge.signing import generate_keypair, load_private_key
 from precursor.contracts.messages import Heartbeat, ModelRelease, decode, encode
 from precursor.contracts.settings import KafkaSettings
 from precursor.keys_cli import keys_command

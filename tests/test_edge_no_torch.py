@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from models.export import export_artifact
-from models.runtime import LMScorer
-from models.scoring import Window
-from models.signing import generate_keypair, load_public_keys
+from models.edge.runtime import LMScorer
+from models.edge.scoring import Window
+from models.edge.signing import generate_keypair, load_public_keys
+from models.training.export import export_artifact
 from precursor.contracts.outcomes import ANY_FAILURE
 from tests.test_export import train_checkpoint, validation_ids, windows
 
@@ -42,9 +42,9 @@ sys.meta_path.insert(0, RefuseCloudPackages())
 
 from datetime import datetime
 import numpy as np
-from models.runtime import LMScorer
-from models.scoring import Window
-from models.signing import load_public_keys
+from models.edge.runtime import LMScorer
+from models.edge.scoring import Window
+from models.edge.signing import load_public_keys
 
 args = json.loads(sys.argv[1])
 scorer = LMScorer.load(args["artifact"], load_public_keys(args["keys"]))

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from models.features import (
+from models.edge.features import (
     STATISTICS,
     aligned_values,
     block_statistics,
@@ -23,8 +23,8 @@ from models.features import (
     evenly_filled,
     window_rows,
 )
-from models.scoring import Window
-from models.tokenizer import TelemetryTokenizer, TokenizerSettings
+from models.edge.scoring import Window
+from models.edge.tokenizer import TelemetryTokenizer, TokenizerSettings
 from tests.test_tokenizer import END, SENSORS, make_window, training_windows
 
 

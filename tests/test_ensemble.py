@@ -10,9 +10,12 @@ import onnx
 import pytest
 import torch
 
-from models.dataset import Fleet, WindowSpec, build_windows
-from models.export import MODEL_FILE, OUTPUT_NAME
-from models.model import (
+from models.edge.registry import CONFIG_FILE
+from models.edge.runtime import LMScorer
+from models.edge.signing import load_public_keys
+from models.training.dataset import Fleet, WindowSpec, build_windows
+from models.training.export import MODEL_FILE, OUTPUT_NAME
+from models.training.model import (
     EnsembleLM,
     ModelConfig,
     TorchScorer,
@@ -21,10 +24,7 @@ from models.model import (
     load_checkpoint,
     member_folders,
 )
-from models.registry import CONFIG_FILE
-from models.runtime import LMScorer
-from models.signing import load_public_keys
-from models.train import TrainSettings, train
+from models.training.train import TrainSettings, train
 from precursor.contracts.outcomes import ANY_FAILURE
 from tests.test_lm_training import TINY, train_signed, write_tiny_fleet
 

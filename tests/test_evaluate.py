@@ -11,8 +11,8 @@ import typer
 from sklearn.metrics import average_precision_score
 from typer.testing import CliRunner
 
-from models.dataset import DatasetError
-from models.evaluate import (
+from models.training.dataset import DatasetError
+from models.training.evaluate import (
     ScoredWindow,
     average_precision,
     best_f1_threshold,
@@ -97,7 +97,7 @@ def test_false_alarms_count_raised_alerts_on_ok_windows_per_machine_week() -> No
 
 @pytest.fixture(scope="module")
 def fleet_and_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], Path]:
-    from models.train import TrainSettings, train
+    from models.training.train import TrainSettings, train
     from tests.test_lm_training import TINY
 
     data = write_tiny_fleet(tmp_path_factory.mktemp("eval-fleet"), machines=6, hours=400, seed=3)
@@ -199,9 +199,9 @@ def test_command_line_train_then_evaluate_json(tmp_path: Path) -> None:
 
 
 def test_train_with_a_signing_key_writes_a_signed_artifact_that_evaluate_verifies(tmp_path: Path) -> None:
-    from models.registry import verify_artifact
-    from models.signing import generate_keypair, load_public_keys
-    from models.train import TrainSettings, train
+    from models.edge.registry import verify_artifact
+    from models.edge.signing import generate_keypair, load_public_keys
+    from models.training.train import TrainSettings, train
     from tests.test_lm_training import TINY
 
     data = write_tiny_fleet(tmp_path / "data", machines=5, hours=360, seed=11)

@@ -17,12 +17,12 @@ from edge_agent.agent import EdgeAgent
 from edge_agent.config import EdgeConfig
 from edge_agent.scorers import load_scorer
 from edge_agent.sources import FileReplay
-from models.baselines import DriftZScore
-from models.dataset import Fleet, LabeledWindow, build_windows
-from models.explain import REMOVE, ExplainSettings, _apply, explainer_for
-from models.runtime import LMScorer
-from models.signing import generate_keypair, load_public_keys
-from models.train import TrainSettings, train
+from models.edge.baselines import DriftZScore
+from models.edge.explain import REMOVE, ExplainSettings, _apply, explainer_for
+from models.edge.runtime import LMScorer
+from models.edge.signing import generate_keypair, load_public_keys
+from models.training.dataset import Fleet, LabeledWindow, build_windows
+from models.training.train import TrainSettings, train
 from precursor.cli import app
 from precursor.contracts.messages import Prediction
 from precursor.simulator import FleetConfig, simulate_fleet

@@ -19,7 +19,13 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from models.export import (
+from models.edge.outcome import pack_sequences, risks_from_logits
+from models.edge.registry import verify_artifact
+from models.edge.runtime import LMScorer
+from models.edge.scoring import Scorer, Window
+from models.edge.signing import generate_keypair, load_public_keys
+from models.edge.tokenizer import TelemetryTokenizer, TokenizerSettings
+from models.training.export import (
     FP32_MODEL_FILE,
     MODEL_FILE,
     ExportParityError,
@@ -32,13 +38,7 @@ from models.export import (
     random_sequences,
     trace_onnx,
 )
-from models.model import CheckpointMeta, save_checkpoint
-from models.outcome import pack_sequences, risks_from_logits
-from models.registry import verify_artifact
-from models.runtime import LMScorer
-from models.scoring import Scorer, Window
-from models.signing import generate_keypair, load_public_keys
-from models.tokenizer import TelemetryTokenizer, TokenizerSettings
+from models.training.model import CheckpointMeta, save_checkpoint
 from precursor.contracts.outcomes import ANY_FAILURE
 
 SENSORS = ("temp", "vib", "pressure")
@@ -304,7 +304,7 @@ def test_an_export_whose_int8_changes_decisions_keeps_fp32_says_so_and_finishes(
 ) -> None:
     import shutil
 
-    from models.export import _run_batched, _session
+    from models.training.export import _run_batched, _session
 
     # A threshold between the fp32 and int8 risk of the window int8 moves most: int8 flips at least that decision.
     model = load_checkpoint_model(checkpoint)

@@ -11,7 +11,9 @@ import pytest
 from flows.evidence import split_evidence
 from flows.labeled import read_labeled_windows, write_history
 from flows.rejections import mark_rejected, rejected_versions
-from models.dataset import (
+from models.edge.registry import ModelRegistry
+from models.edge.scoring import Window
+from models.training.dataset import (
     DatasetError,
     Fleet,
     LabeledWindow,
@@ -21,8 +23,6 @@ from models.dataset import (
     labeled_failures,
     split_for_validation,
 )
-from models.registry import ModelRegistry
-from models.scoring import Window
 from precursor.contracts.formats import TelemetryTable
 from precursor.contracts.messages import Event
 

@@ -17,9 +17,9 @@ from flows.promotion import (
     held_out_summary,
     judge,
 )
-from models.dataset import LabeledWindow
-from models.evaluate import Metrics
-from models.scoring import Risk, Window
+from models.edge.scoring import Risk, Window
+from models.training.dataset import LabeledWindow
+from models.training.evaluate import Metrics
 
 
 def metrics(*, pr_auc: float | None = 0.5, recall: float = 0.5, failures: int = 4) -> Metrics:

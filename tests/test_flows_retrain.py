@@ -36,10 +36,10 @@ from flows.rejections import rejected_versions
 from flows.retrain import COMPARISON_ARTIFACT_KEY, RetrainReport, check_signing_key, new_version, retrain
 from flows.server import LocalPrefectServer
 from flows.settings import RetrainSettings
-from models.dataset import Fleet, build_windows
-from models.registry import ModelRegistry, verify_artifact
-from models.signing import KeyPair, generate_keypair, load_private_key, load_public_keys
-from models.train import TrainSettings
+from models.edge.registry import ModelRegistry, verify_artifact
+from models.edge.signing import KeyPair, generate_keypair, load_private_key, load_public_keys
+from models.training.dataset import Fleet, build_windows
+from models.training.train import TrainSettings
 from precursor.contracts.messages import ModelRelease, decode
 from precursor.contracts.settings import KafkaSettings
 from precursor.flows_cli import flows_app

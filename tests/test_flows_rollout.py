@@ -12,8 +12,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from flows.rollout import CanaryWatch, KafkaHeartbeats, KafkaReleaseChannel, staged_rollout
-from models.releases import ReleaseSigner, verify_release_statement
-from models.signing import key_id
+from models.edge.releases import ReleaseSigner, verify_release_statement
+from models.edge.signing import key_id
 from precursor.contracts.messages import Heartbeat, ModelRelease, decode, encode
 from precursor.contracts.settings import KafkaSettings
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flows.settings import DriftCheckSettings, RetrainSettings
-from models.train import TrainSettings
+from models.training.train import TrainSettings
 
 
 def test_one_training_variable_keeps_the_other_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,8 +25,8 @@ from kafka import KafkaConsumer
 
 from flows.retrain import COMPARISON_ARTIFACT_KEY
 from flows.server import LocalPrefectServer
-from models.registry import ModelRegistry
-from models.signing import load_public_keys
+from models.edge.registry import ModelRegistry
+from models.edge.signing import load_public_keys
 from pipelines.labeling import read_dataset
 from precursor.contracts.messages import Heartbeat, decode
 from precursor.contracts.settings import KafkaSettings

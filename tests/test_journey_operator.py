@@ -24,9 +24,9 @@ import pytest
 import yaml
 from kafka import KafkaConsumer, KafkaProducer
 
-from models.registry import release_for
-from models.releases import ReleaseSigner
-from models.signing import load_private_key
+from models.edge.registry import release_for
+from models.edge.releases import ReleaseSigner
+from models.edge.signing import load_private_key
 from precursor.contracts.messages import Heartbeat, Prediction, decode, encode
 from precursor.contracts.settings import KafkaSettings
 from tests.fixtures_edge import Mosquitto, build_artifact, publisher, resign

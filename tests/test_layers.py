@@ -4,9 +4,10 @@ below), and no import cycle runs between packages or between the modules of one 
 Layers, lowest first:
 
 0. ``precursor.contracts``: messages, settings, formats; imports nothing of ours.
-1. ``models``, ``precursor.store``, ``precursor.simulator``, ``infra``: the domain libraries. ``simulator`` is one of
-   them on purpose:
-   the edge agent's ``simulated`` source replays a simulated fleet as if it were a machine, the way it loads a model.
+1. ``models.edge``, ``models.training``, ``precursor.store``, ``precursor.simulator``, ``infra``: the domain
+   libraries. ``models.training`` builds on ``models.edge``, never the reverse, and ``edge_agent`` imports only
+   ``models.edge``. ``simulator`` is one of them on purpose: the edge agent's ``simulated`` source replays a
+   simulated fleet as if it were a machine, the way it loads a model.
 2. ``edge_agent``, ``pipelines``, ``flows``, ``precursor.api``: the running parts. ``flows`` and ``api`` may read what
    ``pipelines`` writes (its labeling and settings); nothing here imports ``edge_agent``, and ``edge_agent`` imports
    no other running part: the edge install carries none of the cloud.
@@ -30,11 +31,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"precursor.contracts"}),
-    frozenset({"models", "precursor.store", "precursor.simulator", "infra"}),
+    frozenset({"models", "models.edge", "models.training", "precursor.store", "precursor.simulator", "infra"}),
     frozenset({"edge_agent", "pipelines", "flows", "precursor.api"}),
     frozenset({"precursor"}),
 )
-SAME_LAYER_ALLOWED: frozenset[tuple[str, str]] = frozenset({("flows", "pipelines"), ("precursor.api", "pipelines")})
+SAME_LAYER_ALLOWED: frozenset[tuple[str, str]] = frozenset(
+    {("flows", "pipelines"), ("precursor.api", "pipelines"), ("models.training", "models.edge")}
+)
+# Allowed by the layers but not by the edge's install: the edge agent runs models.edge only, never the training side
+# (torch, transformers, scikit-learn).
+FORBIDDEN: frozenset[tuple[str, str]] = frozenset({("edge_agent", "models.training")})
 PACKAGES: frozenset[str] = frozenset().union(*LAYERS)
 TOP_LEVEL: frozenset[str] = frozenset(name.split(".")[0] for name in PACKAGES)
 
@@ -190,14 +196,17 @@ def upward(imports: list[Import]) -> list[str]:
         src, dst = package_of(imp.source), package_of(imp.target)
         if src == dst:
             continue
-        if layer_of(dst) > layer_of(src) or (layer_of(dst) == layer_of(src) and (src, dst) not in SAME_LAYER_ALLOWED):
+        if (src, dst) in FORBIDDEN:
+            wrong.append(f"{imp} ({src} may never import {dst})")
+        elif layer_of(dst) > layer_of(src) or (layer_of(dst) == layer_of(src) and (src, dst) not in SAME_LAYER_ALLOWED):
             wrong.append(f"{imp} (layer {layer_of(src)} may not import layer {layer_of(dst)} package {dst})")
     return wrong
 
 
 def test_every_package_has_a_layer() -> None:
     top = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() and p.name != "tests"}
-    top |= {f"precursor.{p.name}" for p in (ROOT / "precursor").iterdir() if (p / "__init__.py").is_file()}
+    for parent in ("precursor", "models"):
+        top |= {f"{parent}.{p.name}" for p in (ROOT / parent).iterdir() if (p / "__init__.py").is_file()}
     assert top == PACKAGES, f"give these packages a layer: {sorted(top - PACKAGES)}; gone: {sorted(PACKAGES - top)}"
 
 

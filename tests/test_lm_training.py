@@ -13,9 +13,13 @@ import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 
-from models.dataset import Fleet, WindowSpec, build_windows, choose_split, split_windows
-from models.evaluate import average_precision
-from models.model import (
+from models.edge.outcome import pack_sequences
+from models.edge.registry import CONFIG_FILE
+from models.edge.signing import generate_keypair
+from models.edge.tokenizer import TelemetryTokenizer
+from models.training.dataset import Fleet, WindowSpec, build_windows, choose_split, split_windows
+from models.training.evaluate import average_precision
+from models.training.model import (
     ModelConfig,
     TorchScorer,
     build_model,
@@ -24,11 +28,7 @@ from models.model import (
     load_backbone,
     load_checkpoint,
 )
-from models.outcome import pack_sequences
-from models.registry import CONFIG_FILE
-from models.signing import generate_keypair
-from models.tokenizer import TelemetryTokenizer
-from models.train import (
+from models.training.train import (
     EncodedWindows,
     TrainResult,
     TrainSettings,

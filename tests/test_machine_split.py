@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.dataset import (
+from models.training.dataset import (
     DatasetError,
     Fleet,
     LabeledWindow,
@@ -105,7 +105,7 @@ def test_validation_by_machine_holds_failures_on_machines_training_never_sees(fl
 def test_train_and_evaluate_with_test_machines_never_train_on_the_machines_they_test(
     tmp_path: Path, fleet_files: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from models.model import read_meta
+    from models.training.model import read_meta
     from precursor.models_cli import evaluate_command, train_command
 
     files = {name: fleet_files[name] for name in ("telemetry", "events", "machines")}

@@ -12,7 +12,7 @@ import typer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from typer.testing import CliRunner
 
-from models.releases import (
+from models.edge.releases import (
     KEYRING_FILE,
     ExpiredReleaseError,
     KeyRotationError,
@@ -25,7 +25,7 @@ from models.releases import (
     release_statement,
     verify_release_statement,
 )
-from models.signing import SignatureError, generate_keypair, key_id, load_private_key, load_public_keys
+from models.edge.signing import SignatureError, generate_keypair, key_id, load_private_key, load_public_keys
 from precursor.contracts.messages import ModelRelease, decode, encode
 from precursor.keys_cli import keys_command
 

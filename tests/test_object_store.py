@@ -24,11 +24,11 @@ from edge_agent.updates import ModelUpdater
 from flows.labeled import field_labels
 from flows.retrain import retrain
 from flows.server import LocalPrefectServer
-from models.baselines import DriftZScore
-from models.dataset import Fleet, build_windows
-from models.object_registry import ObjectStoreRegistry, download_objects, open_registry
-from models.registry import ArtifactError, TamperedArtifactError
-from models.signing import load_public_keys
+from models.edge.baselines import DriftZScore
+from models.edge.object_registry import ObjectStoreRegistry, download_objects, open_registry
+from models.edge.registry import ArtifactError, TamperedArtifactError
+from models.edge.signing import load_public_keys
+from models.training.dataset import Fleet, build_windows
 from pipelines.edge_trust import release_hashes
 from pipelines.labeling import read_dataset, run_labeling
 from precursor.contracts.object_store import MissingExtraError, ObjectStoreSettings, as_location, filesystem

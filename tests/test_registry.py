@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from models.registry import (
+from models.edge.registry import (
     ArtifactError,
     ArtifactNotFoundError,
     ModelRegistry,
@@ -27,7 +27,7 @@ from models.registry import (
     verify_artifact,
     verify_release,
 )
-from models.signing import (
+from models.edge.signing import (
     KeyFileError,
     SignatureError,
     generate_keypair,
@@ -298,7 +298,7 @@ def test_release_refuses_an_artifact_it_does_not_announce(keys: Path, tmp_path: 
 def test_a_release_is_unsigned_until_a_release_signer_signs_it_and_then_verifies_off_the_wire(
     keys: Path, tmp_path: Path
 ) -> None:
-    from models.releases import ReleaseSigner, verify_release_statement
+    from models.edge.releases import ReleaseSigner, verify_release_statement
 
     trusted = load_public_keys(keys)
     artifact = make_artifact(tmp_path / "a", keys, "2.0.0")

@@ -2,7 +2,7 @@
 the two fitted baselines ``precursor evaluate`` compares against, the language model scored with torch in the cloud,
 and its signed int8 ONNX export as the edge runs it.
 
-What every scorer promises (:class:`models.scoring.Scorer`): it leaves the window untouched, ``score`` is
+What every scorer promises (:class:`models.edge.scoring.Scorer`): it leaves the window untouched, ``score`` is
 ``score_many`` of one window, every risk is a probability and has ``failure``, the same windows always get the same
 risks, and scoring keeps no state that grows with what it has scored. Awkward windows (a sensor that never reported,
 a single reading, a machine it never saw, context events) still get a risk. A new scorer joins by adding a fixture
@@ -21,11 +21,11 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from models.baselines import DriftZScore, GradientBoostingBaseline, ZScoreRule, baseline_features
-from models.model import TorchScorer
-from models.runtime import LMScorer
-from models.scoring import Scorer, Window
-from models.signing import generate_keypair, load_public_keys
+from models.edge.baselines import DriftZScore, GradientBoostingBaseline, ZScoreRule, baseline_features
+from models.edge.runtime import LMScorer
+from models.edge.scoring import Scorer, Window
+from models.edge.signing import generate_keypair, load_public_keys
+from models.training.model import TorchScorer
 from precursor.contracts.messages import Event
 from precursor.contracts.outcomes import ANY_FAILURE
 from tests.fixtures_edge import build_artifact, training_windows
@@ -34,7 +34,7 @@ SENSORS = ("pressure", "temp", "vib")
 
 BATCH_TOLERANCE = {"lm-onnx": 2e-3, "lm-torch": 1e-5}
 """How far a window's risk may move with its batch-mates; exact for the rest. The int8 graph quantizes activations
-with one scale per batch (models.runtime.LMScorer), and torch pads a batch (attention masked, sums reordered)."""
+with one scale per batch (models.edge.runtime.LMScorer), and torch pads a batch (attention masked, sums reordered)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from models.features import FeatureSpec, SensorScaling, feature_vector
-from models.outcome import outcome_token, pack_sequences, risk_from_logits, risks_from_logits
-from models.scoring import Window
-from models.tokenizer import TelemetryTokenizer, TokenizerError, TokenizerSettings
+from models.edge.features import FeatureSpec, SensorScaling, feature_vector
+from models.edge.outcome import outcome_token, pack_sequences, risk_from_logits, risks_from_logits
+from models.edge.scoring import Window
+from models.edge.tokenizer import TelemetryTokenizer, TokenizerError, TokenizerSettings
 from precursor.contracts.messages import Event
 
 END = datetime(2026, 3, 1, 12, tzinfo=UTC)
@@ -466,7 +466,7 @@ def test_a_fleet_without_regimes_is_scaled_as_before() -> None:
 
 
 def test_training_looks_for_regimes_and_a_tokenizer_saved_before_them_keeps_its_hash(tmp_path) -> None:
-    from models.train import TrainSettings
+    from models.training.train import TrainSettings
 
     assert TrainSettings(horizon_h=24).tokenizer.regimes is True
     assert TrainSettings(horizon_h=24, regimes=False).tokenizer.regimes is False

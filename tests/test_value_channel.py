@@ -10,10 +10,14 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from models.dataset import Fleet, LabeledWindow, WindowSpec, build_windows
-from models.evaluate import average_precision
-from models.export import VALUES_INPUT, LastTokenLogits
-from models.model import (
+from models.edge.outcome import pack_sequences
+from models.edge.runtime import LMScorer
+from models.edge.signing import load_public_keys
+from models.edge.tokenizer import TelemetryTokenizer
+from models.training.dataset import Fleet, LabeledWindow, WindowSpec, build_windows
+from models.training.evaluate import average_precision
+from models.training.export import VALUES_INPUT, LastTokenLogits
+from models.training.model import (
     ModelConfig,
     TorchScorer,
     ValueGPT2LMHeadModel,
@@ -22,11 +26,7 @@ from models.model import (
     load_checkpoint,
     takes_values,
 )
-from models.outcome import pack_sequences
-from models.runtime import LMScorer
-from models.signing import load_public_keys
-from models.tokenizer import TelemetryTokenizer
-from models.train import EncodedWindows, TrainSettings, hide_readings
+from models.training.train import EncodedWindows, TrainSettings, hide_readings
 from precursor.contracts.outcomes import ANY_FAILURE
 from tests.test_lm_training import TINY, train_signed, write_tiny_fleet
 

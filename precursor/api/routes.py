@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Body, Header, HTTPException, Path, Query, Request, status
 
-from models.calibration_report import VersionCalibration, registry_calibrations
+from models.training.calibration_report import VersionCalibration, registry_calibrations
 from pipelines.flow import FlowSettings, flow_report
 from pipelines.settings import PipelineSettings
 from precursor.api.auth import Authenticated

@@ -153,7 +153,7 @@ class ReasonDetail(BaseModel):
 
 class Reason(BaseModel):
     """One piece of a window's context that raised its risk, and by how much: the risk fell by ``risk_drop`` when
-    the model scored the window without it (occlusion, :mod:`models.explain`). ``text`` says it in words."""
+    the model scored the window without it (occlusion, :mod:`models.edge.explain`). ``text`` says it in words."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -357,7 +357,7 @@ class KeySignature(BaseModel):
 
 class KeyRotation(BaseModel):
     """Which keys sign releases from now on: trust version ``version``, signed by ``threshold`` keys of the trust
-    before it and by ``threshold`` of its own keys. A key left out is revoked (see :mod:`models.releases`)."""
+    before it and by ``threshold`` of its own keys. A key left out is revoked (see :mod:`models.edge.releases`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -372,7 +372,7 @@ class ModelRelease(Message):
     """A model published to the fleet, in a message signed as a whole by a release key.
 
     ``signature`` and ``key_id`` are the artifact manifest's; ``release_signature`` by ``release_key_id`` covers every
-    other field of this message (:func:`models.releases.release_statement`), so the target, the version, the
+    other field of this message (:func:`models.edge.releases.release_statement`), so the target, the version, the
     artifact's location, when it was issued and when it expires cannot be changed or replayed elsewhere. ``keyring``
     carries the key rotations since the edges' configured keys, so an edge that missed one still follows.
     """
