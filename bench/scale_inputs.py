@@ -36,12 +36,15 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
+
+from edge_agent.identity import EdgeIdentity, agent_build  # noqa: E402
 from edge_agent.publisher import KafkaPublisher  # noqa: E402
 from infra.kafka_broker import LocalKafka, free_ports  # noqa: E402
 from infra.postgres_server import LocalPostgres  # noqa: E402
 from pipelines.ingest import prediction_batch  # noqa: E402
 from pipelines.records import prediction_record  # noqa: E402
-from precursor.contracts.messages import Prediction, Reason, ReasonDetail, encode  # noqa: E402
+from precursor.contracts.messages import EdgeFlow, Heartbeat, Prediction, Reason, ReasonDetail, encode  # noqa: E402
 from precursor.store import PredictionStore  # noqa: E402
 from precursor.store.db import connect  # noqa: E402
 
@@ -52,7 +55,9 @@ START = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def reasons(rng: np.random.Generator) -> list[Reason]:
-    """Three reasons in the shapes ``models.edge.explain`` writes: a sensor statistic in a block, an error code, a part."""
+    """Three reasons in the shapes ``models.edge.explain`` writes: a sensor statistic in a block, an error code, a
+    part.
+    """
     drops = sorted(rng.uniform(0.02, 0.4, 3), reverse=True)
     return [
         Reason(
@@ -109,6 +114,37 @@ def predictions(count: int, *, model: str, explained: float, seed: int = 0) -> I
         )
 
 
+def heartbeat_size() -> int:
+    """Bytes of one heartbeat as an enrolled edge sends it: its build, the flow figures and its ed25519 signature."""
+    now = datetime.now(UTC)
+    heartbeat = Heartbeat(
+        edge_id="plant-0421-gw-03",
+        seq=1_234_567,
+        timestamp=now,
+        model_name="precursor-lm",
+        model_version="2026.12.02.143238",
+        model_sha256="ab" * 32,
+        outbox_depth=12,
+        lag_s=0.84,
+        machines=100,
+        agent=agent_build(),
+        flow=EdgeFlow(
+            interval_s=30.012,
+            readings_per_s=10.03,
+            windows_per_s=0.1667,
+            predictions_per_s=0.1667,
+            scoring_ms_p50=0.412,
+            scoring_ms_p95=0.873,
+            scoring_busy=0.000_071,
+            cpu_s=1_843.27,
+            scoring_cpu_s=402.11,
+            predictions=1_234_000,
+        ),
+    )
+    signed = EdgeIdentity("plant-0421-gw-03", Ed25519PrivateKey.generate()).sign(heartbeat)
+    return len(encode(signed))
+
+
 def wire_sizes(explained: float) -> dict[str, float]:
     """Mean bytes of the JSON value (and the machine_id key) per kind of prediction, over 2,000 of each."""
     sample = 2000
@@ -125,6 +161,7 @@ def wire_sizes(explained: float) -> dict[str, float]:
     print(f"key (machine_id): {key} bytes")
     for name, values in sizes.items():
         print(f"value, {name}: mean {np.mean(values):.0f} bytes (min {min(values)}, max {max(values)})")
+    print(f"heartbeat, signed, with flow figures: {heartbeat_size()} bytes")
     # Kafka compresses a producer batch as a whole; the edge sends uncompressed, so this is a lever, not the default.
     values = [encode(p) for p in predictions(sample, model="lm", explained=explained)]
     chunks = [b"".join(values[i : i + 100]) for i in range(0, sample, 100)]
