@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from models.features import HOUR_S, FeatureSpec, block_statistics, feature_matrix
-from models.scoring import Risk, Window
+from models.edge.features import HOUR_S, FeatureSpec, block_statistics, feature_matrix
+from models.edge.scoring import Risk, Window
 from precursor.contracts.outcomes import ANY_FAILURE
 
 
@@ -159,9 +159,9 @@ def boosted_trees(*, seed: int = 0, max_iter: int = 300, learning_rate: float = 
 class GradientBoostingBaseline:
     """A feature-based classifier: gradient boosted trees on window statistics, context and attributes.
 
-    The features are :func:`models.features.feature_vector`: per sensor the whole-window mean, std, slope, last, min
-    and max, per-block mean, std and slope, hours since maintenance and failure, error counts and numeric attributes.
-    Missing values stay NaN (the trees route them).
+    The features are :func:`models.edge.features.feature_vector`: per sensor the whole-window mean, std, slope, last,
+    min and max, per-block mean, std and slope, hours since maintenance and failure, error counts and numeric
+    attributes. Missing values stay NaN (the trees route them).
     """
 
     spec: FeatureSpec

@@ -40,7 +40,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from models.scoring import Risk
+from models.edge.scoring import Risk
 from precursor.contracts.outcomes import ANY_FAILURE
 
 MIN_POSITIVES = 10

@@ -49,10 +49,10 @@ from typing import Annotated
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from models.features import WindowContext, window_context
-from models.runtime import LMScorer
-from models.scoring import Risk, Window
-from models.tokenizer import AGE_EDGES_H, TREND, TelemetryTokenizer, TokenizerSettings
+from models.edge.features import WindowContext, window_context
+from models.edge.runtime import LMScorer
+from models.edge.scoring import Risk, Window
+from models.edge.tokenizer import AGE_EDGES_H, TREND, TelemetryTokenizer, TokenizerSettings
 from precursor.contracts.messages import MAX_REASONS, Reason, ReasonDetail
 
 REMOVE = -1
@@ -106,7 +106,7 @@ class _Group:
 
 
 class _Context:
-    """A window's events in hours before its end (:func:`models.features.window_context`), worked out the first
+    """A window's events in hours before its end (:func:`models.edge.features.window_context`), worked out the first
     time a reason about an event needs them, once per window."""
 
     def __init__(self, window: Window, settings: TokenizerSettings) -> None:
@@ -132,8 +132,8 @@ class _Parsed:
 
 
 class OcclusionExplainer:
-    """Reasons for windows scored by an :class:`~models.runtime.LMScorer` whose tokenizer is a
-    :class:`~models.tokenizer.TelemetryTokenizer` (see :func:`explainer_for`)."""
+    """Reasons for windows scored by an :class:`~models.edge.runtime.LMScorer` whose tokenizer is a
+    :class:`~models.edge.tokenizer.TelemetryTokenizer` (see :func:`explainer_for`)."""
 
     def __init__(self, scorer: LMScorer, settings: ExplainSettings | None = None) -> None:
         tokenizer = scorer.tokenizer

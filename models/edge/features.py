@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from models.regimes import Regimes
-from models.scoring import Window
+from models.edge.regimes import Regimes
+from models.edge.scoring import Window
 
 STATISTICS = ("mean", "std", "slope", "last", "min", "max")
 """Every statistic :func:`block_statistics` computes; tokenizer settings pick from these."""
@@ -72,7 +72,7 @@ class SensorScaling:
     machines: Mapping[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # id -> (center, scale)
     daily: Mapping[str, np.ndarray] = field(default_factory=dict)  # id ("" for the fleet) -> (24, S) hourly offsets
     residual: np.ndarray | None = None  # (S, S): column j predicts sensor j from the others; zero diagonal
-    regimes: Regimes | None = None  # operating regimes (models.regimes): each reading measured within its own
+    regimes: Regimes | None = None  # operating regimes (models.edge.regimes): each reading measured within its own
 
     @classmethod
     def fit(
@@ -89,7 +89,7 @@ class SensorScaling:
         """Fit on each machine's training rows ``(N_m, S)`` (each row once, columns in ``sensors`` order).
 
         With ``times_by_machine`` (epoch seconds per row), also fit the daily profiles; with ``regimes``, look for
-        operating regimes in the scaled rows (:meth:`models.regimes.Regimes.detect`: kept only where the rows fall
+        operating regimes in the scaled rows (:meth:`models.edge.regimes.Regimes.detect`: kept only where the rows fall
         into tight clusters); with ``residual``, the cross-sensor fits (on rows scaled by everything before them).
         """
         if not rows_by_machine:

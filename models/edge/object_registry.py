@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from models.registry import (
+from models.edge.registry import (
     _VERSION,
     DEFAULT_MODEL_NAME,
     MANIFEST_FILE,
@@ -34,7 +34,7 @@ from models.registry import (
     unsafe_member_name,
     verify_artifact,
 )
-from models.signing import SignatureError, TrustedKeys
+from models.edge.signing import SignatureError, TrustedKeys
 from precursor.contracts.object_store import ObjectStoreSettings, filesystem, is_url
 from precursor.contracts.settings import PrecursorSettings
 from precursor.contracts.versions import version_key
@@ -71,7 +71,9 @@ def download_objects(fs: AbstractFileSystem, prefix: str, keys: Iterable[str], t
 
 
 class ObjectStoreRegistry(ModelRegistry):
-    """A :class:`~models.registry.ModelRegistry` whose versions and pointers live at ``url``; see the module text."""
+    """A :class:`~models.edge.registry.ModelRegistry` whose versions and pointers live at ``url``; see the module
+    text.
+    """
 
     def __init__(
         self,

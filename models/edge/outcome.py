@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.scoring import Risk
+from models.edge.scoring import Risk
 from precursor.contracts.outcomes import ANY_FAILURE, OK
 
 

@@ -31,7 +31,7 @@ from typing import Annotated, Literal
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, field_validator
 
-from models.signing import SignatureError, TrustedKeys, key_id, sign, verify
+from models.edge.signing import SignatureError, TrustedKeys, key_id, sign, verify
 from precursor.contracts.messages import ContractError, Identifier, ModelRelease, Sha256Hex, UtcDatetime, validate
 from precursor.contracts.versions import version_key
 
@@ -215,7 +215,7 @@ def _parse_manifest(raw: bytes, where: str) -> ArtifactManifest:
 def verify_artifact(artifact_dir: Path | str, trusted_keys: TrustedKeys) -> ArtifactManifest:
     """Check signature, file list, sizes and hashes; return the manifest, or raise naming the first thing wrong.
 
-    Raises :class:`UnsignedArtifactError`, :class:`~models.signing.SignatureError` (bad signature, unknown key) or
+    Raises :class:`UnsignedArtifactError`, :class:`~models.edge.signing.SignatureError` (bad signature, unknown key) or
     :class:`TamperedArtifactError` (a file changed, missing or added).
     """
     artifact_dir = Path(artifact_dir)
@@ -414,8 +414,8 @@ def release_for(
     and ``key_id`` are the manifest's, and ``size_bytes`` is the total size of the files the manifest lists: the edge
     uses it to bound a download and the unpacked size. ``artifact_uri`` defaults to the artifact's ``file://`` URI.
 
-    The result is not signed yet: edges take a release only once a :class:`models.releases.ReleaseSigner` has signed
-    it as a whole, with its issue time and expiry, after its targeting is final.
+    The result is not signed yet: edges take a release only once a :class:`models.edge.releases.ReleaseSigner` has
+    signed it as a whole, with its issue time and expiry, after its targeting is final.
     """
     artifact = Path(artifact)
     manifest_bytes, signature, where = _signed_bytes_of(artifact)

@@ -27,7 +27,7 @@ writes it.
 >>> edge.follow([make_rotation([], [new.public_key()], signers=[new])])  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-models.releases.KeyRotationError: key rotation to trust version 1 is signed by 0 of the keys trusted now ..., needs 1
+models.edge.releases.KeyRotationError: key rotation to trust version 1 is signed by 0 of the keys trusted now ...
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from models.signing import (
+from models.edge.signing import (
     KeyFileError,
     SignatureError,
     TrustedKeys,

@@ -16,11 +16,11 @@ from typing import Any, Protocol
 import numpy as np
 import onnxruntime as ort
 
-from models.calibration import Calibration, calibration_of
-from models.outcome import pack_sequences, risks_from_logits
-from models.registry import CONFIG_FILE, ArtifactError, ArtifactManifest, read_verified_file, verify_artifact
-from models.scoring import Risk, Window
-from models.signing import TrustedKeys
+from models.edge.calibration import Calibration, calibration_of
+from models.edge.outcome import pack_sequences, risks_from_logits
+from models.edge.registry import CONFIG_FILE, ArtifactError, ArtifactManifest, read_verified_file, verify_artifact
+from models.edge.scoring import Risk, Window
+from models.edge.signing import TrustedKeys
 
 DEFAULT_MAX_BATCH = 16
 """The edge agent's default too (``model.max_batch``). Measured on the edge bench (one core, 1,000 machines, a window
@@ -30,7 +30,7 @@ batch tokenizes and runs once, whatever its size) for no better p99, and 32 save
 
 class WindowTokenizer(Protocol):
     """What the runtime needs from a tokenizer: a window to token ids. One that also has ``encode_many(windows)``
-    (the ids of each, as :class:`models.tokenizer.TelemetryTokenizer` has) gets a batch's windows at once."""
+    (the ids of each, as :class:`models.edge.tokenizer.TelemetryTokenizer` has) gets a batch's windows at once."""
 
     def encode(self, window: Window) -> list[int]: ...
 
@@ -41,7 +41,7 @@ class ValuedSequencesLike(Protocol):
 
 
 class LMScorer:
-    """A :class:`~models.scoring.Scorer` backed by the telemetry language model in ONNX form.
+    """A :class:`~models.edge.scoring.Scorer` backed by the telemetry language model in ONNX form.
 
     ``score_many`` pads a batch on the right and reads each row's logits at its last real token; rows are grouped by
     length so short windows do not pay for long ones. Dynamic int8 quantizes activations with one scale per batch, so
@@ -59,7 +59,9 @@ class LMScorer:
     ) -> None:
         onnx = config.get("onnx")
         if not isinstance(onnx, dict):
-            raise ArtifactError(f"{CONFIG_FILE} has no 'onnx' section: the artifact was not made by models.export")
+            raise ArtifactError(
+                f"{CONFIG_FILE} has no 'onnx' section: the artifact was not made by models.training.export"
+            )
         self.name: str = manifest.model_name
         self.version: str = manifest.version
         self.horizon_h: float = float(config["horizon_h"])
@@ -76,7 +78,7 @@ class LMScorer:
         self._tokenizer = tokenizer
         inputs = [str(name) for name in onnx["inputs"]]
         self._input_ids, self._last_index = inputs[:2]
-        # A model with a value channel also takes each token's value (models.tokenizer.token_value).
+        # A model with a value channel also takes each token's value (models.edge.tokenizer.token_value).
         self._values: str | None = inputs[2] if len(inputs) > 2 else None
         if self._values is not None and not hasattr(tokenizer, "encode_with_values"):
             raise ArtifactError(f"the model takes {self._values!r}: its tokenizer must have encode_with_values")
@@ -94,7 +96,7 @@ class LMScorer:
     ) -> LMScorer:
         """Verify the artifact, open its int8 model and tokenizer, and warm up with one inference.
 
-        ``tokenizer`` defaults to the artifact's own :class:`models.tokenizer.TelemetryTokenizer`.
+        ``tokenizer`` defaults to the artifact's own :class:`models.edge.tokenizer.TelemetryTokenizer`.
         """
         manifest = verify_artifact(artifact_dir, trusted_keys)
         return cls.from_verified(
@@ -116,8 +118,8 @@ class LMScorer:
         tokenizer: WindowTokenizer | None = None,
     ) -> LMScorer:
         """:meth:`load` for an artifact whose ``manifest`` the caller has just verified
-        (:func:`models.registry.verify_artifact` or :func:`~models.registry.verify_release`), so it is not verified
-        twice; each file is still checked against the manifest as it is read."""
+        (:func:`models.edge.registry.verify_artifact` or :func:`~models.edge.registry.verify_release`), so it is not
+        verified twice; each file is still checked against the manifest as it is read."""
         if intra_op_num_threads < 1:
             raise ValueError(f"intra_op_num_threads={intra_op_num_threads} must be at least 1")
         if max_batch_size < 1:
@@ -134,7 +136,7 @@ class LMScorer:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         session = ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
         if tokenizer is None:
-            from models.tokenizer import TelemetryTokenizer
+            from models.edge.tokenizer import TelemetryTokenizer
 
             tokenizer = TelemetryTokenizer.load(artifact_dir)
         scorer = cls(session, tokenizer, manifest, config, max_batch_size=max_batch_size)
@@ -143,7 +145,7 @@ class LMScorer:
 
     @property
     def tokenizer(self) -> WindowTokenizer:
-        """The artifact's tokenizer (what :mod:`models.explain` reads a window's token layout from)."""
+        """The artifact's tokenizer (what :mod:`models.edge.explain` reads a window's token layout from)."""
         return self._tokenizer
 
     @property

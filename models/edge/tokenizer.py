@@ -52,7 +52,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 
-from models.features import (
+from models.edge.features import (
     HOUR_S,
     SensorScaling,
     WindowContext,
@@ -64,8 +64,8 @@ from models.features import (
     window_context,
     window_rows,
 )
-from models.outcome import outcome_token
-from models.scoring import Window
+from models.edge.outcome import outcome_token
+from models.edge.scoring import Window
 from precursor.contracts.outcomes import ANY_FAILURE, OK
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -112,11 +112,11 @@ class TokenizerSettings(BaseModel):
     scaling: Literal["machine", "fleet"] = "machine"
     daily_profile: bool = False
     residual: bool = False
-    # Look for operating regimes (models.regimes) in the training rows; kept only where the readings fall into tight
-    # clusters (C-MAPSS FD004 of the quality suite, none of its other fleets). Off here so that tokenizers saved
+    # Look for operating regimes (models.edge.regimes) in the training rows; kept only where the readings fall into
+    # tight clusters (C-MAPSS FD004 of the quality suite, none of its other fleets). Off here so that tokenizers saved
     # before the setting load as they were; TrainSettings turns it on.
     regimes: bool = False
-    # Statistics see only the rows after the window's latest failure (models.features.blank_before_failure). Off
+    # Statistics see only the rows after the window's latest failure (models.edge.features.blank_before_failure). Off
     # here so that tokenizers saved before the setting load as they were; TrainSettings.restart_at_failure turns it on.
     restart_at_failure: bool = False
     max_length: Annotated[int, Field(ge=8, le=8192)] = 256
@@ -468,7 +468,7 @@ class TelemetryTokenizer:
 
     def encode_many(self, windows: Iterable[Window]) -> list[list[int]]:
         """:meth:`encode` of each window, the same ids, with the statistics of evenly sampled windows of one length
-        worked out together (see :func:`models.features.even_block_statistics`) and binned together: numpy's cost
+        worked out together (see :func:`models.edge.features.even_block_statistics`) and binned together: numpy's cost
         per call is most of a window's, and the edge scores windows in batches."""
         windows = list(windows)
         out: list[list[int]] = []
@@ -652,8 +652,8 @@ class TelemetryTokenizer:
         """Token ids that name ordered bins of one quantity, each family low to high: every sensor statistic's value
         bins, and the age bins of each maintained part and of the last failure.
 
-        A fresh model starts these embeddings along a line (:func:`models.model.init_ordinal_embeddings`), so bin 7
-        begins between bins 6 and 8 instead of at a random point, and rare tail bins borrow from their neighbours.
+        A fresh model starts these embeddings along a line (:func:`models.training.model.init_ordinal_embeddings`), so
+        bin 7 begins between bins 6 and 8 instead of at a random point, and rare tail bins borrow from their neighbours.
         """
         families = [row[:-1].tolist() for table in self._sensor_ids.values() for row in table]
         families += [ids for ids, _never in self._maintenance_ids]

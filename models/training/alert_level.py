@@ -1,12 +1,11 @@
 """Alert-level figures: what users of the alert stream get from a model, counted on the evaluator's windows.
 
-Window-level figures (:mod:`models.evaluate`) count every window at or above the threshold as an alarm. Users never
-see windows: they see alerts, raised and cleared by the pipeline's hysteresis
-(:class:`precursor.contracts.alerting.AlertRule`:
-raised after ``raise_after`` consecutive windows at or above the threshold, cleared after ``clear_after`` consecutive
-windows below ``threshold * clear_factor``). Here the same rule is applied to each machine's test windows in time
-order, and the alerts it yields are counted the way one counts them in the store's ``alerts`` table, so the
-evaluator's promise and the alert stream can be compared figure for figure.
+Window-level figures (:mod:`models.training.evaluate`) count every window at or above the threshold as an alarm. Users
+never see windows: they see alerts, raised and cleared by the pipeline's hysteresis
+(:class:`precursor.contracts.alerting.AlertRule`: raised after ``raise_after`` consecutive windows at or above the
+threshold, cleared after ``clear_after`` consecutive windows below ``threshold * clear_factor``). Here the same rule is
+applied to each machine's test windows in time order, and the alerts it yields are counted the way one counts them in
+the store's ``alerts`` table, so the evaluator's promise and the alert stream can be compared figure for figure.
 
 Definitions (``h`` is the horizon, ``f`` a failure's time, an alert is open from its raise until its clear):
 
@@ -20,7 +19,7 @@ Definitions (``h`` is the horizon, ``f`` a failure's time, an alert is open from
   window-level figure does).
 
 >>> from precursor.contracts.alerting import AlertRule
->>> from models.scored_window import ScoredWindow
+>>> from models.training.scored_window import ScoredWindow
 >>> w = [ScoredWindow("m", h * 3600, h >= 4, 6.0 - h if h >= 4 else None, s)
 ...      for h, s in enumerate([0.9, 0.9, 0.1, 0.8, 0.9, 0.9, 0.1])]
 >>> spans = alert_spans(w, threshold=0.5, rule=AlertRule())
@@ -39,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from models.scored_window import ScoredWindow
+from models.training.scored_window import ScoredWindow
 from precursor.contracts.alerting import AlertRule
 
 HOUR_S = 3600.0

@@ -1,6 +1,6 @@
 """What each registered model version says about its calibration: the map it carries and how well it fits validation.
 
-Read from every ``ROOT/<model_name>/<version>/precursor.json`` of a model registry (:mod:`models.registry`), the
+Read from every ``ROOT/<model_name>/<version>/precursor.json`` of a model registry (:mod:`models.edge.registry`), the
 bytes checked against the version's manifest as they are read, so a ``precursor.json`` edited after signing is
 reported as such rather than shown. The manifest's signature is not checked here (whoever reads this may hold no
 trusted keys): the signing key's id is reported beside the figures, and loaders verify before they score.
@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from models.calibration import Calibration, ReliabilityBin, calibration_of
-from models.registry import (
+from models.edge.calibration import Calibration, ReliabilityBin, calibration_of
+from models.edge.registry import (
     CONFIG_FILE,
     ArtifactError,
     ModelRegistry,

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from models.scoring import Window
+from models.edge.scoring import Window
 from precursor.contracts.formats import TelemetryTable, read_events, read_machines, read_telemetry_table
 from precursor.contracts.messages import Event
 from precursor.contracts.outcomes import ANY_FAILURE, OK

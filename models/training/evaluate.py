@@ -34,9 +34,10 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from models.alert_level import AlertMetrics, alert_metrics, alert_table
-from models.calibration import ReliabilityBin, brier_score, expected_calibration_error, reliability_bins
-from models.dataset import (
+from models.edge.calibration import ReliabilityBin, brier_score, expected_calibration_error, reliability_bins
+from models.edge.scoring import Scorer
+from models.training.alert_level import AlertMetrics, alert_metrics, alert_table
+from models.training.dataset import (
     DatasetError,
     Fleet,
     LabeledWindow,
@@ -47,15 +48,14 @@ from models.dataset import (
     parse_time,
     split_windows,
 )
-from models.progress import NO_PROGRESS, Progress
-from models.scored_window import ScoredWindow
-from models.scoring import Scorer
+from models.training.progress import NO_PROGRESS, Progress
+from models.training.scored_window import ScoredWindow
 from precursor.contracts.alerting import AlertRule
 from precursor.contracts.outcomes import ANY_FAILURE
 
 HOURS_PER_WEEK = 168.0
 RELIABILITY_BINS = 10
-"""Equal-width bins for ECE and the reliability diagram (see :func:`models.calibration.reliability_bins`)."""
+"""Equal-width bins for ECE and the reliability diagram (see :func:`models.edge.calibration.reliability_bins`)."""
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class Metrics(BaseModel):
     failures: int
     failures_alerted: int
     brier: float | None = None
-    """Mean squared error of ``risk["failure"]`` against the outcome (:func:`models.calibration.brier_score`)."""
+    """Mean squared error of ``risk["failure"]`` against the outcome (:func:`models.edge.calibration.brier_score`)."""
     ece: float | None = None
     """Expected calibration error over :data:`RELIABILITY_BINS` equal-width bins."""
     reliability: list[ReliabilityBin] = []
@@ -222,7 +222,7 @@ class EvaluationReport(BaseModel):
     model: Metrics
     baselines: dict[str, Metrics]
     alerts: dict[str, AlertMetrics] = {}
-    """Alert-level figures per scorer (``model`` and each baseline), see :mod:`models.alert_level`."""
+    """Alert-level figures per scorer (``model`` and each baseline), see :mod:`models.training.alert_level`."""
     alert_rule: AlertRule = AlertRule()
 
     def table(self) -> str:
@@ -332,11 +332,11 @@ def load_lm_scorer(model_dir: Path, trusted_keys: Path | None) -> Scorer:
             raise DatasetError(
                 f"{model_dir} is a signed artifact: pass --trusted-keys (a .pub file or a folder of them)"
             )
-        from models.runtime import LMScorer
-        from models.signing import load_public_keys
+        from models.edge.runtime import LMScorer
+        from models.edge.signing import load_public_keys
 
         return LMScorer.load(model_dir, load_public_keys(trusted_keys))
-    from models.model import TorchScorer
+    from models.training.model import TorchScorer
 
     return TorchScorer.load(model_dir)
 
@@ -359,8 +359,8 @@ def evaluate(
     Baselines are fitted on the model's own training data and split (read from its ``precursor.json``), so every
     scorer learned from the same windows and is judged on the same ones.
     """
-    from models.baselines import DriftZScore, GradientBoostingBaseline, ZScoreRule, baseline_features
-    from models.model import read_meta
+    from models.edge.baselines import DriftZScore, GradientBoostingBaseline, ZScoreRule, baseline_features
+    from models.training.model import read_meta
 
     model_dir = Path(model_dir)
     meta = read_meta(model_dir)

@@ -2,7 +2,7 @@
 
 Steps: load the checkpoint (torch) -> ONNX fp32 (dynamic batch and sequence) -> check it matches torch -> int8
 dynamic quantization -> check int8 makes the same alert decisions -> copy tokenizer and config -> write
-``metrics.json`` -> sign the manifest. ``precursor.json`` carries the calibration map (:mod:`models.calibration`),
+``metrics.json`` -> sign the manifest. ``precursor.json`` carries the calibration map (:mod:`models.edge.calibration`),
 so the signature covers it. The artifact is built in a staging folder and renamed into place only when
 every check passed, so a failed export never leaves something that looks like an artifact.
 
@@ -13,10 +13,10 @@ LM goes through the legacy exporter (``torch.onnx.export(..., dynamo=False)``). 
 the graph with the torch model, so a builder mistake cannot ship.
 
 The ONNX graph takes ``input_ids`` (B, T) int64, right-padded, and ``last_index`` (B,) int64 (each row's last real
-token), as :func:`models.outcome.pack_sequences` makes them, and returns ``last_logits`` (B, V): the logits at that
+token), as :func:`models.edge.outcome.pack_sequences` makes them, and returns ``last_logits`` (B, V): the logits at that
 position, the only one the risk needs. The final projection runs on B rows instead of B x T. A model with a value
-channel (:class:`models.model.ValueGPT2LMHeadModel`) takes ``values`` (B, T) float32 as well; ``precursor.json``
-lists the inputs under ``onnx.inputs``.
+channel (:class:`models.training.model.ValueGPT2LMHeadModel`) takes ``values`` (B, T) float32 as well;
+``precursor.json`` lists the inputs under ``onnx.inputs``.
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from torch import nn
 
-from models.calibration import IDENTITY, Calibration, calibration_of
-from models.model import context_length, ensemble_members, load_causal_lm, takes_values
-from models.outcome import pack_sequences, risks_from_logits
-from models.registry import CONFIG_FILE, DEFAULT_MODEL_NAME, VERSION_PATTERN, sign_artifact
-from models.scoring import Window
-from models.signing import load_private_key
+from models.edge.calibration import IDENTITY, Calibration, calibration_of
+from models.edge.outcome import pack_sequences, risks_from_logits
+from models.edge.registry import CONFIG_FILE, DEFAULT_MODEL_NAME, VERSION_PATTERN, sign_artifact
+from models.edge.scoring import Window
+from models.edge.signing import load_private_key
+from models.training.model import context_length, ensemble_members, load_causal_lm, takes_values
 from precursor.contracts.outcomes import ANY_FAILURE
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,9 @@ def export_onnx(model: nn.Module, path: Path, *, opset: int = OPSET) -> None:
         onnx.save(gpt2_graph(model), str(path))
         return
     if takes_values(model):
-        raise ValueError("a model with a value channel must be plain GPT-2 (models.model.ValueGPT2LMHeadModel)")
+        raise ValueError(
+            "a model with a value channel must be plain GPT-2 (models.training.model.ValueGPT2LMHeadModel)"
+        )
     trace_onnx(model, path, opset=opset)
 
 
@@ -401,7 +403,7 @@ def random_sequences(vocab_size: int, max_len: int, count: int, seed: int = 0) -
 
 
 def random_values(sequences: Sequence[Sequence[int]], seed: int = 0) -> list[np.ndarray]:
-    """A value beside every id, of the size :func:`models.tokenizer.token_value` gives (about -5 to 5)."""
+    """A value beside every id, of the size :func:`models.edge.tokenizer.token_value` gives (about -5 to 5)."""
     rng = np.random.default_rng(seed)
     return [rng.normal(0.0, 2.0, len(s)).astype(np.float32) for s in sequences]
 
@@ -477,7 +479,7 @@ def _encode_windows(
 ) -> tuple[list[list[int]], list[np.ndarray] | None]:
     """Calibration windows as ids (and values, for a model with a value channel); ids pass through."""
     if all(isinstance(w, Window) for w in windows):
-        from models.tokenizer import TelemetryTokenizer
+        from models.edge.tokenizer import TelemetryTokenizer
 
         tokenizer = TelemetryTokenizer.load(checkpoint_dir)
         if values:
@@ -490,7 +492,7 @@ def _encode_windows(
 def _outcome_tokens(checkpoint_dir: Path, config: dict[str, Any]) -> dict[str, int]:
     if isinstance(config.get("outcome_tokens"), dict):
         return {str(k): int(v) for k, v in config["outcome_tokens"].items()}
-    from models.tokenizer import TelemetryTokenizer
+    from models.edge.tokenizer import TelemetryTokenizer
 
     return dict(TelemetryTokenizer.load(checkpoint_dir).outcome_tokens)
 

@@ -10,7 +10,7 @@ threshold chosen on validation, how windows are cut, and which data trained it),
 
 The forward contract everywhere (torch, ONNX, edge): ``input_ids`` and ``attention_mask`` ``(B, L)`` int64, right
 padded, in; ``logits`` ``(B, L, V)`` out; the risk is read at each sequence's last real position
-(:mod:`models.outcome`). Training builds the model with one position more than the tokenizer's ``max_length``: it
+(:mod:`models.edge.outcome`). Training builds the model with one position more than the tokenizer's ``max_length``: it
 feeds the outcome token after the horizon token to ask for the time to failure. ``precursor.json`` records the
 scoring context (``context_length``, the tokenizer's ``max_length``) and the ``outcome_tokens``.
 """
@@ -31,11 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
-from models.calibration import IDENTITY, Calibration, calibration_of
-from models.outcome import pack_sequences, risks_from_logits
-from models.registry import CONFIG_FILE
-from models.scoring import Risk, Window
-from models.tokenizer import TelemetryTokenizer
+from models.edge.calibration import IDENTITY, Calibration, calibration_of
+from models.edge.outcome import pack_sequences, risks_from_logits
+from models.edge.registry import CONFIG_FILE
+from models.edge.scoring import Risk, Window
+from models.edge.tokenizer import TelemetryTokenizer
 
 MAX_DEFAULT_PARAMETERS = 10_000_000
 
@@ -77,8 +77,9 @@ class ValueGPT2LMHeadModel(GPT2LMHeadModel):
 
     ``embedding(token, value) = wte[token] + value * wve[token]``: for a bin token, a line through its bin's embedding,
     so the model reads where in the bin a statistic lies (the tail bins are open-ended, and a failure's readings sit
-    there). Values come from :meth:`models.tokenizer.TelemetryTokenizer.encode_with_values`; tokens without one carry
-    0, and so does every token when ``values`` is not given. The forward contract gains ``values`` ``(B, L)`` float.
+    there). Values come from :meth:`models.edge.tokenizer.TelemetryTokenizer.encode_with_values`; tokens without one
+    carry 0, and so does every token when ``values`` is not given. The forward contract gains ``values`` ``(B, L)``
+    float.
     """
 
     def __init__(self, config: GPT2Config) -> None:
@@ -136,7 +137,7 @@ class EnsembleLM(torch.nn.Module):
     """Several causal LMs over one tokenizer, read as one: the next-token distribution is the mean of theirs.
 
     ``logits = log(mean_i softmax(logits_i))``: already normalised, so whatever reads the risk from a softmax of
-    ``logits`` (:mod:`models.outcome`, the edge) gets the members' mean probabilities without knowing there are
+    ``logits`` (:mod:`models.edge.outcome`, the edge) gets the members' mean probabilities without knowing there are
     several. The risk, renormalised over the outcome tokens, is then the members' risks averaged with weights their
     mass on those tokens (nearly all of it, after the horizon token). Why: members trained from different seeds on a
     small fleet disagree on its rare failures, and averaging them ranks windows better than any one (BENCHMARKS.md).
@@ -361,7 +362,7 @@ class TorchScorer:
     name: str = "precursor-lm"
     version: str = "dev"
     calibration: Calibration = IDENTITY
-    """The checkpoint's calibration map (models.calibration), applied as the edge runtime applies it."""
+    """The checkpoint's calibration map (models.edge.calibration), applied as the edge runtime applies it."""
 
     @classmethod
     def load(cls, directory: str | Path) -> TorchScorer:

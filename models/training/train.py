@@ -2,8 +2,8 @@
 
 The recipe (nanoGPT's habits, as importable functions rather than a script):
 
-1. Cut labelled windows from the generic files and split them in time (:mod:`models.dataset`): the validation period
-   at the end holds several failures; training labels are known before it starts.
+1. Cut labelled windows from the generic files and split them in time (:mod:`models.training.dataset`): the validation
+   period at the end holds several failures; training labels are known before it starts.
 2. Fit the tokenizer on training windows only, encode every window (the sequence ends with the horizon token).
 3. Train with AdamW on next-token losses: the outcome token after the horizon token (``<ok>`` / ``<failure:...>``),
    as whether a failure comes plus which kind (weighted by ``kind_loss_weight``);
@@ -14,8 +14,8 @@ The recipe (nanoGPT's habits, as importable functions rather than a script):
    every window, failed or not, more to learn from. Scoring reads only the outcome distribution.
 4. Every ``eval_every`` steps, score the validation windows; keep the step with the best validation PR-AUC.
 5. Choose the alert threshold on validation (best F1), fit the calibration map on validation's risks
-   (:mod:`models.calibration`) and express the threshold on its scale, write the checkpoint folder, and, given a
-   signing key, export the signed int8 ONNX artifact (:mod:`models.export`).
+   (:mod:`models.edge.calibration`) and express the threshold on its scale, write the checkpoint folder, and, given a
+   signing key, export the signed int8 ONNX artifact (:mod:`models.training.export`).
 
 Torch uses ``threads`` CPU threads: 1 by default, at most 2. On a shared machine one thread is faster than two
 (two threads spin-wait on each other whenever the other is descheduled).
@@ -41,8 +41,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch.optim.swa_utils import AveragedModel
 from transformers import PreTrainedModel
 
-from models.calibration import brier_score, expected_calibration_error, fit_platt, log_loss, reliability_bins
-from models.dataset import (
+from models.edge.calibration import brier_score, expected_calibration_error, fit_platt, log_loss, reliability_bins
+from models.edge.outcome import outcome_probabilities, pack_sequences
+from models.edge.tokenizer import TelemetryTokenizer, TokenizerSettings
+from models.training.dataset import (
     DatasetError,
     Fleet,
     LabeledWindow,
@@ -52,8 +54,8 @@ from models.dataset import (
     outcome_counts,
     split_windows,
 )
-from models.evaluate import average_precision, best_f1_threshold, precision_recall_f1
-from models.model import (
+from models.training.evaluate import average_precision, best_f1_threshold, precision_recall_f1
+from models.training.model import (
     MAX_DEFAULT_PARAMETERS,
     CheckpointMeta,
     EnsembleLM,
@@ -67,9 +69,7 @@ from models.model import (
     model_config_dict,
     save_checkpoint,
 )
-from models.outcome import outcome_probabilities, pack_sequences
-from models.progress import NO_PROGRESS, Progress
-from models.tokenizer import TelemetryTokenizer, TokenizerSettings
+from models.training.progress import NO_PROGRESS, Progress
 from precursor.contracts.outcomes import OK
 
 log = logging.getLogger(__name__)
@@ -90,14 +90,13 @@ class TrainSettings(BaseModel):
 
     tokenizer: TokenizerSettings
     # Its defaults are the ones trained here. One level token per block and sensor, and the trend and spread over the
-    # whole window: on C-MAPSS FD001 this beat mean, std and slope per block (test PR-AUC 0.93 against 0.85), with
-    # fewer tokens to attend over. residual: each sensor as what the others do not explain (models.features.
+    # whole window: on C-MAPSS FD001 this beat mean, std and slope per block (test PR-AUC 0.93 against 0.85), with fewer
+    # tokens to attend over. residual: each sensor as what the others do not explain (models.edge.features.
     # SensorScaling), for fleets whose sensors all follow a varying operating point. restart_at_failure: statistics
-    # start again after a failure inside the window, so the repaired machine is measured apart from the one that
-    # failed (models.features.blank_before_failure); opt-in: on the simulator's fleet it narrowed the gap to gradient
+    # start again after a failure inside the window, so the repaired machine is measured apart from the one that failed
+    # (models.edge.features.blank_before_failure); opt-in: on the simulator's fleet it narrowed the gap to gradient
     # boosting (0.014-0.022 against 0.025-0.037) more by what it took from the trees than by what the LM gained (0.529
-    # and 0.521 against 0.516 and 0.528).
-    # windows
+    # and 0.521 against 0.516 and 0.528). windows
     every_h: Annotated[float, Field(gt=0)] = 1.0
     min_points: Annotated[int, Field(ge=1)] = 3
     # model
@@ -124,18 +123,18 @@ class TrainSettings(BaseModel):
     # gradient boosting there (0.557, 0.530, 0.515, 0.531 against 0.543), and per-kind risks are then untrained.
     kind_loss_weight: Annotated[float, Field(ge=0)] = 1.0
     token_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
-    # Bin tokens start on a line through embedding space, in order (models.model.init_ordinal_embeddings). Off by
-    # default: on the simulator's fleet it reached its best validation step sooner but lower (0.566 against 0.591).
+    # Bin tokens start on a line through embedding space, in order (models.training.model.init_ordinal_embeddings). Off
+    # by default: on the simulator's fleet it reached its best validation step sooner but lower (0.566 against 0.591).
     ordinal_init: bool = False
-    # Statistic tokens also carry their value (models.model.ValueGPT2LMHeadModel): binning loses where in its bin a
-    # reading lies, and gradient boosting fitted on the LM's own statistics lost 0.09-0.12 PR-AUC when it saw them
-    # binned (bench/lm_information.py). Our own GPT-2 only, not a backbone. Off by default: on C-MAPSS FD001 it
-    # added 0.008-0.026 test PR-AUC, on the simulator's fleet nothing (-0.05 to +0.006 over three runs).
+    # Statistic tokens also carry their value (models.training.model.ValueGPT2LMHeadModel): binning loses where in its
+    # bin a reading lies, and gradient boosting fitted on the LM's own statistics lost 0.09-0.12 PR-AUC when it saw them
+    # binned (bench/lm_information.py). Our own GPT-2 only, not a backbone. Off by default: on C-MAPSS FD001 it added
+    # 0.008-0.026 test PR-AUC, on the simulator's fleet nothing (-0.05 to +0.006 over three runs).
     value_channel: bool = False
     ema_decay: Annotated[float, Field(ge=0, lt=1)] = 0.99
-    # Models trained from seeds seed, seed + 1, ... and averaged into one (models.model.EnsembleLM, one ONNX graph at
-    # the edge); max_minutes is shared among them. On the simulator's fleet four members scored 0.550 test PR-AUC
-    # where the same four alone averaged 0.537 (gradient boosting: 0.543); ahead of the trees on three simulated
+    # Models trained from seeds seed, seed + 1, ... and averaged into one (models.training.model.EnsembleLM, one ONNX
+    # graph at the edge); max_minutes is shared among them. On the simulator's fleet four members scored 0.550 test
+    # PR-AUC where the same four alone averaged 0.537 (gradient boosting: 0.543); ahead of the trees on three simulated
     # fleets of four. Each member costs its training time again and its share of edge latency. Default 1: the edge's
     # throughput target is for one model.
     members: Annotated[int, Field(ge=1, le=16)] = 1
@@ -669,7 +668,7 @@ def train_on_windows(
         save_checkpoint(out, result.model, tokenizer, meta)
         return TrainResult(out, None, meta, time.monotonic() - started)
 
-    from models.export import export_artifact
+    from models.training.export import export_artifact
 
     checkpoint = Path(checkpoint_dir) if checkpoint_dir is not None else out.with_name(out.name + ".checkpoint")
     save_checkpoint(checkpoint, result.model, tokenizer, meta)
@@ -704,7 +703,7 @@ def train(
 
     The machines ``test_machines`` holds out take no part in training or validation.
     """
-    from models.dataset import parse_time
+    from models.training.dataset import parse_time
 
     started = time.monotonic()
     progress.stage("reading the fleet")

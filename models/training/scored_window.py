@@ -1,5 +1,6 @@
-"""One test window's outcome and score: what window-level (:mod:`models.evaluate`) and alert-level
-(:mod:`models.alert_level`) figures are both computed from, in a module of its own so neither imports the other for it.
+"""One test window's outcome and score: what window-level (:mod:`models.training.evaluate`) and alert-level
+(:mod:`models.training.alert_level`) figures are both computed from, in a module of its own so neither imports the other
+for it.
 """
 
 from __future__ import annotations
