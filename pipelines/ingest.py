@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from pipelines.edge_trust import HeartbeatJudge, JudgedHeartbeatRecords
 from pipelines.kafka_io import KafkaRecord, PartitionRange, ProduceToKafka, ReadKafkaRanges
 from pipelines.records import (
+    FROM_BYTES,
     HEARTBEAT_IDENTITY,
     EventRecord,
     HeartbeatRecord,
@@ -106,6 +107,8 @@ class ParseMessages(beam.DoFn):
     ) -> None:
         self._model = model
         self._to_record = to_record
+        # Where a record can be read straight from its bytes into the same tuple (predictions), that is tried first.
+        self._from_bytes = FROM_BYTES.get(to_record)
         self._event_time = event_time  # index of the record field that holds the event time (epoch microseconds)
         prefix = counter_prefix or model.__name__
         self._valid = Metrics.counter(NAMESPACE, f"{prefix}.valid")
@@ -122,6 +125,10 @@ class ParseMessages(beam.DoFn):
 
     def read(self, record: KafkaRecord) -> tuple[Any, ...] | DeadLetter:
         """The record as a record tuple, or the DeadLetter that says why it is not one."""
+        if self._from_bytes is not None and record.value is not None:
+            row = self._from_bytes(record.value, record.partition, record.offset)
+            if row is not None:
+                return row
         try:
             message = self._parse(record)
             return tuple(self._to_record(message, partition=record.partition, offset=record.offset))

@@ -20,8 +20,12 @@ True
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+from pydantic_core import from_json
 
 from precursor.contracts.messages import EdgeEvent, Heartbeat, Prediction, TelemetrySummary, event_detail, event_kind
 
@@ -211,3 +215,127 @@ def telemetry_summary_record(s: TelemetrySummary, *, partition: int, offset: int
         partition,
         offset,
     )
+
+
+# --- Predictions straight from their JSON to a record tuple --------------------------------------------------------
+#
+# Validating a prediction through its pydantic model and then taking the model apart into a tuple costs about 15 µs;
+# most predictions an edge sends have the one plain form its encoder writes. `prediction_tuple` reads that form with
+# pydantic's JSON parser and checks every field against the same constraints as `Prediction`, and says None for anything
+# else (other spellings of a time, numbers as strings, reasons, a missing field, anything out of range): the caller
+# then validates that record with pydantic, which accepts it with the same result or names what is wrong. So what it
+# accepts is a subset of what `Prediction` accepts, giving the same tuple, and every dead letter keeps pydantic's
+# reason. tests/test_prediction_tuples.py holds it to that with generated and mutated messages.
+
+_IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}")  # contracts.messages.Identifier, anchored by fullmatch
+_INSTANT = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,6})?(?:Z|[+-]\d\d:\d\d)")
+_PREDICTION_KEYS = frozenset(
+    ("schema_version", "edge_id", "seq", "machine_id", "window_start", "window_end", "horizon_h", "risk",
+     "model_name", "model_version", "emitted_at", "threshold", "reasons")
+)  # fmt: skip
+_REQUIRED_KEYS = frozenset(("edge_id", "seq", "machine_id", "window_start", "window_end", "horizon_h", "risk",
+                            "model_name", "model_version", "emitted_at"))  # fmt: skip
+_MAX_COUNT = 2**63 - 1
+_MAX_HORIZON_H = 24 * 365
+_SEEN_LIMIT = 65_536
+
+# The same few machine, edge, model and kind names and window times come again and again: each is checked once and
+# its first string kept, so records share their strings (smaller pickles at the shuffle, fewer objects).
+_identifiers: dict[str, str] = {}
+_instants: dict[str, int] = {}
+
+
+def _identifier(value: object) -> str | None:
+    if type(value) is not str:
+        return None
+    known = _identifiers.get(value)
+    if known is not None:
+        return known
+    if _IDENTIFIER.fullmatch(value) is None:
+        return None
+    if len(_identifiers) >= _SEEN_LIMIT:
+        _identifiers.clear()
+    _identifiers[value] = value
+    return value
+
+
+def _instant_us(value: object) -> int | None:
+    """Epoch microseconds of an RFC 3339 time with a zone (``Z`` or ``±hh:mm``), seconds and up to 6 decimals."""
+    if type(value) is not str:
+        return None
+    known = _instants.get(value)
+    if known is not None:
+        return known
+    if _INSTANT.fullmatch(value) is None or not 1000 <= int(value[:4]) <= 9998:  # far from datetime's limits
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:  # a day or hour that does not exist, an offset past 24 h
+        return None
+    micros = to_micros(moment)
+    if len(_instants) >= _SEEN_LIMIT:
+        _instants.clear()
+    _instants[value] = micros
+    return micros
+
+
+def _probability(value: object) -> float | None:
+    # Not bool, not str (pydantic's other spellings take the slow path); NaN fails the range.
+    if (type(value) is float or type(value) is int) and 0.0 <= value <= 1.0:
+        return float(value)
+    return None
+
+
+def prediction_tuple(value: bytes, partition: int, offset: int) -> tuple[Any, ...] | None:
+    """``tuple(prediction_record(Prediction.model_validate_json(value), ...))`` for a prediction in the plain form an
+    edge's encoder writes; None where this cannot tell cheaply (then validate with pydantic)."""
+    try:
+        data = from_json(value, allow_inf_nan=False)  # pydantic's own JSON parser: the same reading of the bytes
+    except ValueError:
+        return None
+    if type(data) is not dict or not _REQUIRED_KEYS <= data.keys() <= _PREDICTION_KEYS:
+        return None
+    if data.get("reasons") is not None:
+        return None
+    version = data.get("schema_version", 1)
+    if type(version) is not int or version != 1:
+        return None
+    seq = data["seq"]
+    if type(seq) is not int or not 0 <= seq <= _MAX_COUNT:
+        return None
+    horizon = data["horizon_h"]
+    if (type(horizon) is not float and type(horizon) is not int) or not 0 < horizon <= _MAX_HORIZON_H:
+        return None
+    threshold = data.get("threshold")
+    if threshold is not None and (threshold := _probability(threshold)) is None:
+        return None
+    model_version = data["model_version"]
+    if type(model_version) is not str or not 1 <= len(model_version) <= 64 or not model_version.isascii():
+        return None
+    edge_id = _identifier(data["edge_id"])
+    machine_id = _identifier(data["machine_id"])
+    model_name = _identifier(data["model_name"])
+    start = _instant_us(data["window_start"])
+    end = _instant_us(data["window_end"])
+    emitted = _instant_us(data["emitted_at"])
+    if None in (edge_id, machine_id, model_name, start, end, emitted) or end < start:  # type: ignore[operator]
+        return None
+    risk = data["risk"]
+    if type(risk) is not dict or not risk:
+        return None
+    pairs = []
+    for kind, p in risk.items():
+        kind, p = _identifier(kind), _probability(p)
+        if kind is None or p is None:
+            return None
+        pairs.append((kind, p))
+    pairs.sort()
+    return (edge_id, seq, machine_id, start, end, float(horizon), tuple(pairs), model_name, model_version, emitted,
+            partition, offset, threshold, None)  # fmt: skip
+
+
+FROM_BYTES: dict[Callable[..., tuple[Any, ...]], Callable[[bytes, int, int], tuple[Any, ...] | None]] = {
+    prediction_record: prediction_tuple,
+}
+"""A record maker -> the function that reads the same record tuple straight from a message's bytes when it can
+(None where it cannot: then the message is validated by its contract and made into a record as before)."""
