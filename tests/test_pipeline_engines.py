@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 from apache_beam.portability.api import beam_fn_api_pb2
+from apache_beam.runners.portability.flink_runner import FlinkRunner
 
 from infra.beam_worker_pool import WorkerPool
 from infra.flink_cluster import LocalFlinkCluster
 from infra.kafka_broker import free_ports
 from pipelines.engines import (
     FLINK,
+    FLINK_LAUNCHER,
     LOCAL,
     PRISM,
     EngineError,
@@ -141,7 +143,24 @@ def test_ingest_with_alert_state_and_timers_on_a_portable_engine_matches_the_loc
 
     assert (portable.read, portable.stored, portable.alerts_raised) == (local.read, local.stored, local.alerts_raised)
     assert local.alerts_raised > 0
+    # Beam would keep the run's job server JVM until this process exits: one more per run of `--follow`.
+    assert job_server_children() == []
     assert stored_alerts(tmp_path / "local.duckdb") == stored_alerts(tmp_path / "portable.duckdb")
+
+
+def job_server_children() -> list[int]:
+    """Processes of this one running a Flink job server (the launcher jar)."""
+    me = str(os.getpid())
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = stat.read_text().rpartition(")")[2].split()[1]
+            command = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if parent == me and FLINK_LAUNCHER.encode() in command:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def test_flink_runs_on_the_resolved_job_server_jar_with_an_embedded_cluster_by_default(tmp_path: Path) -> None:
@@ -149,7 +168,7 @@ def test_flink_runs_on_the_resolved_job_server_jar_with_an_embedded_cluster_by_d
     jar.write_bytes(b"PK")
     flink = engine(FLINK, ["--max_parallelism=4"], EngineSettings(root=tmp_path, flink_job_server_jar=jar))
     options = flink.options.get_all_options(drop_default=True)
-    assert flink.runner == "FlinkRunner"
+    assert isinstance(flink.runner, FlinkRunner)
     assert flink.bundle_per_key and not engine(LOCAL).bundle_per_key  # so ingest regroups before its store writes
     assert options["flink_master"] == "[local]" and options["flink_job_server_jar"] == str(jar)
     assert options["environment_type"] == "LOOPBACK" and options["parallelism"] == 2
