@@ -48,10 +48,12 @@ from apache_beam.metrics import Metrics
 
 from pipelines.kafka_io import ProduceToKafka
 from pipelines.records import PredictionRecord, from_micros, to_micros
+from pipelines.run_log import ledger_stages
 from precursor.contracts.alerting import AlertRule
 from precursor.contracts.messages import Alert, encode
 from precursor.contracts.settings import KafkaSettings
 from precursor.store import PredictionStore
+from precursor.store.ledger import Coverage
 
 NAMESPACE = "precursor"
 TIMELINES = "timelines"
@@ -206,6 +208,10 @@ class MachineAlerts:
     machine_id: str
     changes: tuple[AlertChange, ...]
     timeline: str | None
+    arrivals: tuple[tuple[int, int], ...] = ()  # (partition, offset) of every prediction decided on (or skipped)
+
+
+_PARTITION = PredictionRecord._fields.index("partition")  # the offset follows it
 
 
 class TrackAlerts(beam.DoFn):
@@ -230,7 +236,8 @@ class TrackAlerts(beam.DoFn):
         for change in result.changes:
             (self._raised if change.state == "raised" else self._cleared).inc()
         after = result.timeline.to_json()
-        yield MachineAlerts(machine_id, tuple(result.changes), None if after == carried else after)
+        arrivals = tuple((r[_PARTITION], r[_PARTITION + 1]) for r in rows)
+        yield MachineAlerts(machine_id, tuple(result.changes), None if after == carried else after, arrivals)
 
 
 def alert_message(change: AlertChange) -> Alert:
@@ -249,11 +256,14 @@ class WriteAlertState(beam.DoFn):
 
     In that order: a crash between the two leaves the old timelines, so the replay decides the same predictions
     again and finds its alerts already stored (the table's key drops them); never a saved timeline whose alerts
-    were lost.
+    were lost. With a ``ledger`` (consumer stage, predictions topic), the new timelines commit with the positions of
+    the predictions they decided (:mod:`precursor.store.ledger`): a run after a kill decides again exactly those
+    whose timeline did not commit.
     """
 
-    def __init__(self, store_path: str) -> None:
+    def __init__(self, store_path: str, ledger: tuple[str, str] | None = None) -> None:
         self._store_path = store_path
+        self._ledger = ledger
         self._decided: list[MachineAlerts] = []
 
     def start_bundle(self) -> None:
@@ -280,15 +290,19 @@ class WriteAlertState(beam.DoFn):
             )
             store.insert_table("alerts", batch)
         rows = [(d.machine_id, d.timeline) for d in self._decided if d.timeline is not None]
-        if rows:
+        covers = None
+        if self._ledger is not None:
+            stage, topic = self._ledger
+            covers = Coverage.of((stage,), topic, (a for d in self._decided for a in d.arrivals))
+        if rows or covers:
             batch = pa.table(
                 {
-                    "machine_id": [m for m, _ in rows],
-                    "timeline": [t for _, t in rows],
+                    "machine_id": pa.array([m for m, _ in rows], pa.string()),
+                    "timeline": pa.array([t for _, t in rows], pa.string()),
                     "updated_at": pa.array([now] * len(rows), pa.timestamp("us", tz="UTC")),
                 }
             )
-            store.insert_table("alert_timelines", batch, replace=True)
+            store.insert_table("alert_timelines", batch, replace=True, covers=covers)
         self._decided = []
 
 
@@ -306,8 +320,11 @@ class RaiseAlerts(beam.PTransform):
         timelines: Mapping[str, str],
         kafka: KafkaSettings,
         store_path: str,
+        consumer: str | None = None,
     ) -> None:
+        """``consumer``: whose ledger of consumed offsets the decisions keep (its alerts stage); None keeps none."""
         super().__init__()
+        self._consumer = consumer
         self._rule = rule
         self._lateness_us = lateness_us
         self._timelines = dict(timelines)
@@ -319,7 +336,10 @@ class RaiseAlerts(beam.PTransform):
         decided = predictions | "TrackAlerts" >> beam.ParDo(
             TrackAlerts(self._rule, self._lateness_us), timelines=beam.pvalue.AsDict(carried)
         )
-        _ = decided | "WriteAlertState" >> beam.ParDo(WriteAlertState(self._store_path))
+        ledger = None
+        if self._consumer is not None:
+            ledger = (ledger_stages(self._consumer, alerted=True)[1], self._kafka.topics.predictions)
+        _ = decided | "WriteAlertState" >> beam.ParDo(WriteAlertState(self._store_path, ledger))
         changes = decided | "EachChange" >> beam.FlatMap(lambda d: d.changes)
         _ = (
             changes

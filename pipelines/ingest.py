@@ -13,7 +13,6 @@ on as plain tuples (:mod:`pipelines.records`), not pydantic objects, so shuffles
 
 from __future__ import annotations
 
-import json
 import pickle
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -28,8 +27,9 @@ from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 from pydantic import ValidationError
 
+from pipelines.consumed import CoverOffsets, ProduceCoveredDeadLetters, SkipConsumed
 from pipelines.edge_trust import HeartbeatJudge, JudgedHeartbeatRecords
-from pipelines.kafka_io import KafkaRecord, PartitionRange, ProduceToKafka, ReadKafkaRanges
+from pipelines.kafka_io import KafkaChunk, KafkaRecord, PartitionRange, ReadKafkaRanges
 from pipelines.records import (
     FROM_BYTES,
     HEARTBEAT_IDENTITY,
@@ -39,10 +39,11 @@ from pipelines.records import (
     TelemetrySummaryRecord,
     event_record,
     prediction_record,
+    risk_json,
     telemetry_summary_record,
     to_micros,
 )
-from pipelines.run_log import WRITE_MS
+from pipelines.run_log import CONSUMER, WRITE_MS, ledger_stages
 from precursor.contracts.messages import (
     ContractError,
     DeadLetter,
@@ -52,12 +53,13 @@ from precursor.contracts.messages import (
     Prediction,
     TelemetrySummary,
     decode,
-    encode,
 )
 from precursor.contracts.settings import KafkaSettings
-from precursor.store import PredictionStore
+from precursor.store.db import StoreWriter
+from precursor.store.ledger import Coverage, Spans
 
 DEAD = "dead"
+DROPPED = "dropped"  # positions (partition, offset) of the duplicates DropDuplicates dropped
 NAMESPACE = "precursor"
 UTC_MICROS = pa.timestamp("us", tz="UTC")
 MACHINE = 2  # prediction and event records keep machine_id third
@@ -199,17 +201,18 @@ def dead_letter(record: KafkaRecord, reason: str) -> DeadLetter:
 
 
 class SendDeadLetters(beam.PTransform):
-    """DeadLetter messages to the dead-letter topic, keyed by the source record's key."""
+    """DeadLetter messages to the dead-letter topic, keyed by the source record's key; with a store, their source
+    offsets are then recorded as consumed by ``consumers`` (:class:`pipelines.consumed.ProduceCoveredDeadLetters`)."""
 
-    def __init__(self, settings: KafkaSettings) -> None:
+    def __init__(self, settings: KafkaSettings, store_path: str | None = None, consumers: Sequence[str] = ()) -> None:
         super().__init__()
         self._settings = settings
+        self._store_path = store_path
+        self._consumers = tuple(consumers)
 
     def expand(self, letters: beam.PCollection) -> beam.PCollection:
-        return (
-            letters
-            | "EncodeDeadLetters" >> beam.Map(lambda d: ((d.key or "").encode(), encode(d)))
-            | "ProduceDeadLetters" >> beam.ParDo(ProduceToKafka(self._settings, self._settings.topics.deadletter))
+        return letters | "ProduceDeadLetters" >> beam.ParDo(
+            ProduceCoveredDeadLetters(self._settings, self._store_path, self._consumers)
         )
 
 
@@ -228,11 +231,14 @@ class DropDuplicates(beam.PTransform):
         counter: str = "duplicates_dropped",
         identity: int = 2,
         arrival: int = -2,
+        cover: CoverOffsets | None = None,
     ) -> None:
         """``identity``: how many leading fields make a record unique (2: edge_id and seq); ``arrival``: where the
-        record's partition lies, its offset next (the last two fields unless a record says otherwise)."""
+        record's partition lies, its offset next (the last two fields unless a record says otherwise); ``cover``
+        records the positions of the duplicates dropped as consumed (they become no row)."""
         super().__init__()
         self._arrival = arrival
+        self._cover = cover
         self._event_time = event_time
         self._counter = counter
         self._identity = identity
@@ -243,28 +249,35 @@ class DropDuplicates(beam.PTransform):
         identity = self._identity
         arrival = self._arrival
 
-        def keep_first(group: tuple[str, Iterable[tuple[tuple[Any, ...], ...]]]) -> TimestampedValue:
+        def keep_first(group: tuple[str, Iterable[tuple[tuple[Any, ...], ...]]]) -> Iterator[Any]:
             machine_id, lists = group
             seen: set[tuple[Any, ...]] = set()
             unique = []
+            dropped = []
             records = [r for rows in lists for r in rows]
             for r in sorted(records, key=lambda r: (r[arrival], r[arrival + 1])):  # arrival: (partition, offset)
                 if r[:identity] in seen:
-                    duplicates.inc()
+                    dropped.append((r[arrival], r[arrival + 1]))
                     continue
                 seen.add(r[:identity])
                 unique.append(r)
+            if dropped:
+                duplicates.inc(len(dropped))
+                yield beam.pvalue.TaggedOutput(DROPPED, tuple(dropped))
             newest = max(r[event_time] for r in unique)
-            return TimestampedValue((machine_id, RecordList(unique)), Timestamp(micros=newest))
+            yield TimestampedValue((machine_id, RecordList(unique)), Timestamp(micros=newest))
 
-        return (
+        kept = (
             rows
             | "GroupByMachine" >> beam.GroupByKey().with_input_types(KeyedRecords)
-            | "KeepFirst" >> beam.Map(keep_first).with_output_types(KeyedRecords)
+            | "KeepFirst"
+            >> beam.FlatMap(keep_first).with_output_types(KeyedRecords).with_outputs(DROPPED, main="unique")
         )
+        if self._cover is not None:
+            _ = kept[DROPPED] | "CoverDuplicates" >> beam.ParDo(self._cover)
+        return kept["unique"]
 
 
-_RISK_JSON = json.JSONEncoder(sort_keys=True).encode  # json.dumps(..., sort_keys=True) without an encoder per call
 _PREDICTION_FIELDS = len(PredictionRecord._fields)
 
 
@@ -281,7 +294,7 @@ def prediction_batch(rows: Sequence[tuple[Any, ...]], ingested_at: datetime) -> 
             "window_start": pa.array(columns.window_start_us, UTC_MICROS),
             "window_end": pa.array(columns.window_end_us, UTC_MICROS),
             "horizon_h": pa.array(columns.horizon_h, pa.float64()),
-            "risk": pa.array([_RISK_JSON(dict(risk)) for risk in columns.risk], pa.string()),
+            "risk": pa.array([risk_json(risk) for risk in columns.risk], pa.string()),
             "max_risk": pa.array([top[1] for top in tops], pa.float64()),
             "top_kind": pa.array([top[0] for top in tops], pa.string()),
             "model_name": pa.array(columns.model_name, pa.string()),
@@ -363,7 +376,12 @@ def telemetry_summary_batch(rows: Sequence[tuple[Any, ...]], ingested_at: dateti
 
 class WriteToStore(beam.DoFn):
     """Batches a bundle's ``(key, records)`` into one insert; counts store rows that were new versus already
-    stored."""
+    stored.
+
+    With a ``topic``, each insert also records the Kafka positions of its records (at ``arrival``: partition, then
+    offset) as consumed by ``consumer``, in the rows' own transaction (:mod:`precursor.store.ledger`): a write that
+    did not commit leaves neither, so the next run stores exactly what is missing. One store connection per writer
+    (:class:`precursor.store.db.StoreWriter`): for its life on PostgreSQL, per bundle on DuckDB."""
 
     def __init__(
         self,
@@ -372,15 +390,26 @@ class WriteToStore(beam.DoFn):
         to_batch: Callable[[Sequence[tuple[Any, ...]], datetime], pa.Table],
         counter_prefix: str,
         batch_size: int = 50_000,
+        *,
+        topic: str | None = None,
+        consumer: str = CONSUMER,
+        arrival: int = -2,
     ) -> None:
         self._store_path = store_path
         self._table = table
         self._to_batch = to_batch
         self._batch_size = batch_size
+        self._topic = topic
+        self._consumer = consumer
+        self._arrival = arrival
+        self._writer: StoreWriter | None = None
         self._rows: list[tuple[Any, ...]] = []
         self._stored = Metrics.counter(NAMESPACE, f"{counter_prefix}.stored")
         self._already = Metrics.counter(NAMESPACE, f"{counter_prefix}.already_stored")
         self._write_ms = Metrics.distribution(NAMESPACE, WRITE_MS)
+
+    def setup(self) -> None:
+        self._writer = StoreWriter(self._store_path)
 
     def start_bundle(self) -> None:
         self._rows = []
@@ -392,13 +421,28 @@ class WriteToStore(beam.DoFn):
 
     def finish_bundle(self) -> None:
         self._flush()
+        if self._writer is not None:
+            self._writer.release()
+
+    def teardown(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
 
     def _flush(self) -> None:
         if not self._rows:
             return
+        if self._writer is None:  # a runner that skipped setup
+            self.setup()
+        assert self._writer is not None
         batch = self._to_batch(self._rows, datetime.now(UTC))
+        arrival = self._arrival
+        covers = (
+            Coverage.of((self._consumer,), self._topic, ((r[arrival], r[arrival + 1]) for r in self._rows))
+            if self._topic is not None
+            else None
+        )
         started = time.perf_counter()
-        new = PredictionStore(self._store_path).insert_table(self._table, batch)
+        new = self._writer.insert_table(self._table, batch, covers=covers)
         self._write_ms.update(round(1000 * (time.perf_counter() - started)))
         self._stored.inc(new)
         self._already.inc(batch.num_rows - new)  # in store rows: a telemetry summary is a row per sensor
@@ -420,37 +464,60 @@ class _IngestTopic(beam.PTransform):
     identity: int = 2
     arrival: int = -2  # where a record's partition lies, its offset next
     counter_prefix: str = ""
+    alerted: bool = False  # whether a later stage decides on the records too (its own ledger: ledger_stages)
 
     def __init__(
-        self, ranges: list[PartitionRange], settings: KafkaSettings, store_path: str, *, regroup: bool = False
+        self,
+        ranges: list[PartitionRange],
+        settings: KafkaSettings,
+        store_path: str,
+        *,
+        regroup: bool = False,
+        consumer: str = CONSUMER,
+        consumed: dict[int, Spans] | None = None,
     ) -> None:
         """``regroup``: reshuffle the records before the store writes them, for engines that would otherwise hand
-        the writer one small bundle per machine (one transaction each)."""
+        the writer one small bundle per machine (one transaction each). ``consumer``: whose ledger of consumed
+        offsets the writes keep; ``consumed``: partition -> offsets within the ranges a run before this one has
+        consumed already (skipped here)."""
         super().__init__()
         self._ranges = ranges
         self._settings = settings
         self._store_path = store_path
         self._regroup = regroup
+        self._consumer = consumer
+        self._consumed = {p: s for p, s in (consumed or {}).items() if s}
+        self._topic = ranges[0].topic if ranges else None
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
-        parsed = (
-            pbegin
-            | "ReadKafka" >> ReadKafkaRanges(self._settings, self._ranges, chunked=True)
-            | "ParseMessages"
-            >> beam.ParDo(ParseChunks(self.model, self.to_record, self.event_time, self.counter_prefix, self.key))
-            .with_output_types(KeyedRecords)
-            .with_outputs(DEAD, main="valid")
+        chunks = pbegin | "ReadKafka" >> ReadKafkaRanges(self._settings, self._ranges, chunked=True)
+        if self._consumed:
+            chunks = chunks | "SkipConsumed" >> beam.ParDo(SkipConsumed(self._consumed)).with_output_types(KafkaChunk)
+        stages = ledger_stages(self._consumer, self.alerted)
+        topic = self._topic or ""
+        parse = ParseChunks(self.model, self.to_record, self.event_time, self.counter_prefix, self.key)
+        parsed = chunks | "ParseMessages" >> beam.ParDo(parse).with_output_types(KeyedRecords).with_outputs(
+            DEAD, main="valid"
         )
-        _ = parsed[DEAD] | "SendDeadLetters" >> SendDeadLetters(self._settings)
+        _ = parsed[DEAD] | "SendDeadLetters" >> SendDeadLetters(self._settings, self._store_path, stages)
         prefix = self.counter_prefix or self.model.__name__
         duplicates = f"{prefix}.duplicates_dropped" if self.counter_prefix else "duplicates_dropped"
         per_key = parsed["valid"] | "DropDuplicates" >> DropDuplicates(
-            self.event_time, duplicates, self.identity, self.arrival
+            self.event_time, duplicates, self.identity, self.arrival, CoverOffsets(self._store_path, stages, topic)
         )
         records = per_key
         if self._regroup:
             records = records | "RegroupForWrite" >> beam.Reshuffle()
-        _ = records | "WriteToStore" >> beam.ParDo(WriteToStore(self._store_path, self.table, self.to_batch, prefix))
+        writer = WriteToStore(
+            self._store_path,
+            self.table,
+            self.to_batch,
+            prefix,
+            topic=self._topic,
+            consumer=self._consumer,
+            arrival=self.arrival,
+        )
+        _ = records | "WriteToStore" >> beam.ParDo(writer)
         return per_key
 
 
@@ -463,6 +530,7 @@ class IngestPredictions(_IngestTopic):
     to_batch = staticmethod(prediction_batch)
     event_time = PredictionRecord._fields.index("window_end_us")
     arrival = PredictionRecord._fields.index("partition")  # fields added later (threshold, reasons) come after it
+    alerted = True  # RaiseAlerts decides on them: consumed once stored and decided
 
 
 class IngestEvents(_IngestTopic):
@@ -498,8 +566,10 @@ class IngestHeartbeats(_IngestTopic):
         *,
         regroup: bool = False,
         judge: HeartbeatJudge | None = None,
+        consumer: str = CONSUMER,
+        consumed: dict[int, Spans] | None = None,
     ) -> None:
-        super().__init__(ranges, settings, store_path, regroup=regroup)
+        super().__init__(ranges, settings, store_path, regroup=regroup, consumer=consumer, consumed=consumed)
         self.to_record = JudgedHeartbeatRecords(judge or HeartbeatJudge(None, None))
 
 

@@ -25,10 +25,10 @@ from pipelines.edge_trust import HeartbeatJudge
 from pipelines.engines import LOCAL, EngineError, EngineSettings, counters, engine
 from pipelines.ingest import NAMESPACE, IngestEvents, IngestHeartbeats, IngestPredictions, IngestTelemetrySummaries
 from pipelines.kafka_io import PartitionRange, TopicMissing, plan_ranges
-from pipelines.run_log import CONSUMER, distributions, record_run
+from pipelines.run_log import CONSUMER, distributions, ledger_stages, record_run
 from pipelines.settings import PipelineSettings
 from precursor.contracts.settings import KafkaSettings
-from precursor.store import Offset, PredictionStore
+from precursor.store import Offset, PredictionStore, ledger
 
 log = logging.getLogger(__name__)
 
@@ -91,17 +91,31 @@ def run_once(
     store = PredictionStore(store_path)
     topics = settings.topics
     names = (topics.predictions, topics.events, topics.heartbeats)
-    committed = {t: {} if from_beginning else store.offsets(consumer, t) for t in names}
-    prediction_ranges, event_ranges, heartbeat_ranges = (plan_ranges(settings, t, committed[t]) for t in names)
-    telemetry_ranges = _opt_in_ranges(settings, topics.telemetry, from_beginning, store, consumer)
+    progress = {t: ({}, {}) if from_beginning else _progress(store, consumer, t, settings) for t in names}
+    consumed = {t: progress[t][1] for t in names}
+    prediction_ranges, event_ranges, heartbeat_ranges = (
+        plan_ranges(settings, t, {p: ledger.prefix_end(s, 0) for p, s in consumed[t].items()}) for t in names
+    )
+    progress[topics.telemetry] = ({}, {}) if from_beginning else _progress(store, consumer, topics.telemetry, settings)
+    consumed[topics.telemetry] = progress[topics.telemetry][1]
+    telemetry_ranges = _opt_in_ranges(settings, topics.telemetry, consumed[topics.telemetry])
     ranges = prediction_ranges + event_ranges + heartbeat_ranges + telemetry_ranges
+    # What a run that did not finish consumed above where these ranges start: skipped, not read again.
+    skip = {t: _within(consumed[t], [r for r in ranges if r.topic == t]) for t in consumed}
+
+    def unread(rs: list[PartitionRange]) -> int:
+        return sum(r.size - ledger.count(skip[r.topic].get(r.partition, []), r.start, r.end) for r in rs)
+
     report = RunReport(
-        read=sum(r.size for r in prediction_ranges + event_ranges),
-        heartbeats_read=sum(r.size for r in heartbeat_ranges),
-        telemetry_read=sum(r.size for r in telemetry_ranges),
+        read=unread(prediction_ranges + event_ranges),
+        heartbeats_read=unread(heartbeat_ranges),
+        telemetry_read=unread(telemetry_ranges),
         ranges=ranges,
     )
     if report.read + report.heartbeats_read + report.telemetry_read == 0:
+        # Everything was consumed by a run that did not finish: its ledger is folded in.
+        if any(r.start > progress[r.topic][0].get(r.partition, 0) or skip[r.topic] for r in ranges):
+            _fold(store, consumer, ranges)
         report.seconds = time.monotonic() - started
         return report
 
@@ -111,7 +125,7 @@ def run_once(
     regroup = chosen.bundle_per_key
     if any(r.size for r in prediction_ranges):
         predictions = pipeline | "IngestPredictions" >> IngestPredictions(
-            prediction_ranges, settings, path, regroup=regroup
+            prediction_ranges, settings, path, regroup=regroup, consumer=consumer, consumed=skip[topics.predictions]
         )
         _ = predictions | "RaiseAlerts" >> RaiseAlerts(
             pipeline_settings.alert_rule,
@@ -119,18 +133,27 @@ def run_once(
             store.alert_timelines(),
             settings,
             path,
+            consumer,
         )
     if any(r.size for r in event_ranges):
-        _ = pipeline | "IngestEvents" >> IngestEvents(event_ranges, settings, path, regroup=regroup)
+        _ = pipeline | "IngestEvents" >> IngestEvents(
+            event_ranges, settings, path, regroup=regroup, consumer=consumer, consumed=skip[topics.events]
+        )
     if any(r.size for r in heartbeat_ranges):
         # Read every run, so an edge the operator just enrolled is verified from the next snapshot on.
         judge = HeartbeatJudge.from_files(pipeline_settings.enrolled_edges, pipeline_settings.model_registry)
         _ = pipeline | "IngestHeartbeats" >> IngestHeartbeats(
-            heartbeat_ranges, settings, path, regroup=regroup, judge=judge
+            heartbeat_ranges,
+            settings,
+            path,
+            regroup=regroup,
+            judge=judge,
+            consumer=consumer,
+            consumed=skip[topics.heartbeats],
         )
     if any(r.size for r in telemetry_ranges):
         _ = pipeline | "IngestTelemetrySummaries" >> IngestTelemetrySummaries(
-            telemetry_ranges, settings, path, regroup=regroup
+            telemetry_ranges, settings, path, regroup=regroup, consumer=consumer, consumed=skip[topics.telemetry]
         )
     with _fewer_young_collections():
         result = pipeline.run()
@@ -148,8 +171,9 @@ def run_once(
     report.alerts_raised = c.get("alerts.raised", 0)
     report.alerts_cleared = c.get("alerts.cleared", 0)
     report.too_late = c.get("predictions.too_late", 0)
-    # Only now, with every record stored or dead-lettered, does progress move forward.
-    store.commit_offsets(consumer, [Offset(r.topic, r.partition, r.end) for r in ranges])
+    # Every write recorded its offsets with its rows; now that all of them committed, the ledger is folded into
+    # the consumer's offsets (which also covers offsets that hold no record: transaction markers, compaction).
+    _fold(store, consumer, ranges)
     record_run(
         settings,
         store_path,
@@ -178,15 +202,37 @@ def _fewer_young_collections(threshold: int = 100_000) -> Iterator[None]:
         gc.set_threshold(*before)
 
 
-def _opt_in_ranges(
-    settings: KafkaSettings, topic: str, from_beginning: bool, store: PredictionStore, consumer: str
-) -> list[PartitionRange]:
+def _opt_in_ranges(settings: KafkaSettings, topic: str, consumed: dict[int, ledger.Spans]) -> list[PartitionRange]:
     """The ranges of a topic edges write to only where they opt in (telemetry summaries): a cluster set up without
     it has nothing there to read, which is no error."""
     try:
-        return plan_ranges(settings, topic, {} if from_beginning else store.offsets(consumer, topic))
+        return plan_ranges(settings, topic, {p: ledger.prefix_end(s, 0) for p, s in consumed.items()})
     except TopicMissing:
         return []
+
+
+def _progress(
+    store: PredictionStore, consumer: str, topic: str, settings: KafkaSettings
+) -> tuple[dict[int, int], dict[int, ledger.Spans]]:
+    """The consumer's folded offsets of ``topic``, and the offsets it has finished with (every stage, for
+    predictions)."""
+    return store.progress(consumer, topic, ledger_stages(consumer, alerted=topic == settings.topics.predictions))
+
+
+def _within(consumed: dict[int, ledger.Spans], ranges: list[PartitionRange]) -> dict[int, ledger.Spans]:
+    """The consumed spans that lie within the ranges a run reads (what its readers skip)."""
+    out: dict[int, ledger.Spans] = {}
+    for r in ranges:
+        spans = ledger.intersect(consumed.get(r.partition, []), [(r.start, r.end)])
+        if spans:
+            out[r.partition] = spans
+    return out
+
+
+def _fold(store: PredictionStore, consumer: str, ranges: list[PartitionRange]) -> None:
+    """A finished run's ranges into the consumer's offsets, its ledger rows below them deleted (all stages)."""
+    stages = ledger_stages(consumer, alerted=True)
+    store.commit_offsets(consumer, [Offset(r.topic, r.partition, r.end) for r in ranges], stages=stages)
 
 
 def follow(

@@ -31,6 +31,18 @@ CONSUMER = "ingest-v0"
 """The ingest's consumer name: its offsets in the store, and (with the topic prefix) its Kafka group."""
 WRITE_MS = "store.write_ms"
 """Milliseconds of each store write (one transaction), a Beam distribution: the flow view's store latency."""
+ALERTS_STAGE = "alerts"
+"""The stage of a consumer that decides alerts on predictions: its own ledger of consumed offsets in the store."""
+
+
+def ledger_stages(consumer: str, alerted: bool) -> tuple[str, ...]:
+    """The ledgers a topic's records must be in to count as consumed (:mod:`precursor.store.ledger`): stored, and
+    for predictions (``alerted``) also decided by the alert rule.
+
+    >>> ledger_stages("ingest-v0", True)
+    ('ingest-v0', 'ingest-v0/alerts')
+    """
+    return (consumer, f"{consumer}/{ALERTS_STAGE}") if alerted else (consumer,)
 
 
 def ingest_group(settings: KafkaSettings, consumer: str) -> str:

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 
 from precursor.store.errors import StoreBusy
+from precursor.store.ledger import LEDGER_INSERT, LEDGER_TABLE, Coverage, Spans, consumed
 from precursor.store.location import StoreLocation, is_postgres, redact
 
 HEARTBEATS_TABLE = """
@@ -178,6 +180,7 @@ CREATE TABLE IF NOT EXISTS latest_predictions (
 ALTER TABLE latest_predictions ADD COLUMN IF NOT EXISTS threshold DOUBLE;
 """
     + HEARTBEATS_TABLE
+    + LEDGER_TABLE
     + """
 -- Opt-in per-sensor summaries (the precursor.telemetry topic): what the dashboard draws as sensor lines. One row per
 -- sensor of a TelemetrySummary; samples: readings with a value for the sensor, readings: all of the period's.
@@ -327,6 +330,118 @@ class Offset:
     next_offset: int
 
 
+@contextmanager
+def _transaction(con: Any) -> Iterator[None]:
+    """One transaction on either backend; rolled back if the block raises."""
+    if is_postgres_connection(con):
+        with con.raw.transaction():
+            yield
+        return
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+
+
+def is_postgres_connection(con: Any) -> bool:
+    return type(con).__name__ == "PostgresConnection"
+
+
+def _insert(con: Any, table: str, batch: pa.Table, *, replace: bool, covers: Coverage | None) -> int:
+    """``batch`` into ``table`` and the ledger rows of ``covers``, in one transaction; returns the rows written."""
+    ledger = covers.rows(datetime.now(UTC)) if covers else []
+    if batch.num_rows == 0:
+        if ledger:
+            with _transaction(con):
+                con.executemany(LEDGER_INSERT, ledger)
+        return 0
+    if is_postgres_connection(con):
+        from precursor.store import postgres
+
+        after = LATEST_PREDICTIONS_UPSERT if table == "predictions" else None
+        return postgres.insert_table(con, table, batch, replace=replace, after=after, ledger=ledger)
+    columns = ", ".join(batch.column_names)
+    verb = "INSERT OR REPLACE" if replace else "INSERT"
+    conflict = "" if replace else " ON CONFLICT DO NOTHING"
+    con.register("incoming", batch)
+    try:
+        with _transaction(con):
+            written = con.execute(
+                f"{verb} INTO {table} ({columns}) SELECT {columns} FROM incoming{conflict}"
+            ).fetchone()
+            if table == "predictions":
+                con.execute(LATEST_PREDICTIONS_UPSERT)
+            if ledger:
+                con.executemany(LEDGER_INSERT, ledger)
+    finally:
+        con.unregister("incoming")
+    return int(written[0]) if written else 0
+
+
+class StoreWriter:
+    """Many writes over one connection, for a pipeline stage that writes again and again.
+
+    On PostgreSQL the connection stays open until :meth:`close` (a DoFn's teardown): many writers share the server,
+    and a new connection costs a password exchange. On DuckDB it is held only from a write until :meth:`release` (a
+    bundle's end): the file takes one writing process at a time, so a connection kept for a worker's life would lock
+    out the workers in other processes (a Flink cluster's) and every reader; within the process, writers take turns
+    by the store's writer lock (:func:`connect`) for as long as they hold it.
+    """
+
+    def __init__(self, location: StoreLocation) -> None:
+        self.location: StoreLocation = str(location) if is_postgres(location) else Path(location)
+        self._open: ExitStack | None = None
+        self._con: Any = None
+
+    def __repr__(self) -> str:
+        return f"StoreWriter({redact(self.location)!r})"
+
+    def _connection(self) -> Any:
+        if self._con is None:
+            stack = ExitStack()
+            self._con = stack.enter_context(connect(self.location))
+            self._open = stack
+        return self._con
+
+    def insert_table(
+        self, table: str, batch: pa.Table, *, replace: bool = False, covers: Coverage | None = None
+    ) -> int:
+        """As :meth:`PredictionStore.insert_table`; ``covers``: the Kafka positions these rows account for, recorded
+        in the same transaction (:mod:`precursor.store.ledger`)."""
+        if table not in WRITABLE_TABLES:
+            raise ValueError(f"table={table!r}: not a store table; one of {sorted(WRITABLE_TABLES)}")
+        if batch.num_rows == 0 and not covers:
+            return 0
+        try:
+            return _insert(self._connection(), table, batch, replace=replace, covers=covers)
+        except BaseException:
+            self.close()  # a connection that failed mid-write is not reused
+            raise
+
+    def cover(self, covers: Coverage) -> None:
+        """Record positions that became no row (dead letters, dropped duplicates) as consumed."""
+        if not covers:
+            return
+        try:
+            _insert(self._connection(), "ledger only", pa.table({}), replace=False, covers=covers)
+        except BaseException:
+            self.close()
+            raise
+
+    def release(self) -> None:
+        """The end of a bundle: a DuckDB file is let go; a PostgreSQL connection is kept."""
+        if not is_postgres(self.location):
+            self.close()
+
+    def close(self) -> None:
+        stack, self._open, self._con = self._open, None, None
+        if stack is not None:
+            stack.close()
+
+
 class PredictionStore:
     """Writes and reads the store file. Each call opens and closes the file, so no lock is held between calls.
 
@@ -343,36 +458,20 @@ class PredictionStore:
     def _exists(self) -> bool:
         return self.path is None or self.path.exists()
 
-    def insert_table(self, table: str, batch: pa.Table, *, replace: bool = False) -> int:
+    def insert_table(
+        self, table: str, batch: pa.Table, *, replace: bool = False, covers: Coverage | None = None
+    ) -> int:
         """Insert an Arrow table whose column names are ``table``'s; returns how many rows were written.
 
         Rows whose key is already stored are skipped, or with ``replace`` overwrite the stored row (for state and
-        metrics that a later run recomputes).
+        metrics that a later run recomputes). ``covers``: Kafka positions recorded as consumed in the same
+        transaction.
         """
-        if table not in WRITABLE_TABLES:
-            raise ValueError(f"table={table!r}: not a store table; one of {sorted(WRITABLE_TABLES)}")
-        if batch.num_rows == 0:
-            return 0
-        if is_postgres(self.location):
-            from precursor.store import postgres
-
-            with connect(self.location) as pg:
-                after = LATEST_PREDICTIONS_UPSERT if table == "predictions" else None
-                return postgres.insert_table(pg, table, batch, replace=replace, after=after)  # type: ignore[arg-type]
-        columns = ", ".join(batch.column_names)
-        verb = "INSERT OR REPLACE" if replace else "INSERT"
-        conflict = "" if replace else " ON CONFLICT DO NOTHING"
-        with connect(self.location) as con:
-            con.register("incoming", batch)
-            con.execute("BEGIN TRANSACTION")
-            written = con.execute(
-                f"{verb} INTO {table} ({columns}) SELECT {columns} FROM incoming{conflict}"
-            ).fetchone()
-            if table == "predictions":
-                con.execute(LATEST_PREDICTIONS_UPSERT)
-            con.execute("COMMIT")
-            con.unregister("incoming")
-        return int(written[0]) if written else 0
+        writer = StoreWriter(self.location)
+        try:
+            return writer.insert_table(table, batch, replace=replace, covers=covers)
+        finally:
+            writer.close()
 
     def alert_timelines(self) -> dict[str, str]:
         """machine_id -> the alert timeline (JSON) the last pipeline run left for it."""
@@ -382,7 +481,7 @@ class PredictionStore:
             return dict(con.execute("SELECT machine_id, timeline::VARCHAR FROM alert_timelines").fetchall())
 
     def offsets(self, consumer: str, topic: str) -> dict[int, int]:
-        """partition -> next offset to read, for one consumer of one topic."""
+        """partition -> next offset to read, for one consumer of one topic (as folded by the last finished run)."""
         if not self._exists():
             return {}
         with connect(self.location) as con:
@@ -392,16 +491,49 @@ class PredictionStore:
             ).fetchall()
         return {int(p): int(o) for p, o in rows}
 
-    def commit_offsets(self, consumer: str, offsets: Iterable[Offset]) -> None:
-        """Record progress only after the rows it covers are stored; offsets never move backwards."""
+    def consumed(self, consumer: str, topic: str, stages: Sequence[str] = ()) -> dict[int, Spans]:
+        """partition -> the offsets ``consumer`` has finished with: below its folded next offset, or recorded in
+        the ledger by every one of ``stages`` (by default the consumer itself) in the writes that committed."""
+        return self.progress(consumer, topic, stages)[1]
+
+    def progress(
+        self, consumer: str, topic: str, stages: Sequence[str] = ()
+    ) -> tuple[dict[int, int], dict[int, Spans]]:
+        """The consumer's folded next offsets (partition -> offset) and what it has consumed (:meth:`consumed`)."""
+        if not self._exists():
+            return {}, {}
+        stages = tuple(stages) or (consumer,)
+        with connect(self.location) as con:
+            folded = con.execute(
+                "SELECT partition, next_offset FROM consumer_offsets WHERE consumer = ? AND topic = ?",
+                [consumer, topic],
+            ).fetchall()
+            ledgers = [
+                con.execute(
+                    "SELECT partition, spans FROM consumed_ranges WHERE consumer = ? AND topic = ?", [stage, topic]
+                ).fetchall()
+                for stage in stages
+            ]
+        next_offsets = {int(p): int(o) for p, o in folded}
+        return next_offsets, consumed(next_offsets, ledgers)
+
+    def commit_offsets(self, consumer: str, offsets: Iterable[Offset], *, stages: Sequence[str] = ()) -> None:
+        """Fold a finished run's progress in: offsets never move backwards, and the ledger rows of ``stages`` that
+        lie wholly below them are deleted, in one transaction. Call only once everything below them is consumed."""
         now = datetime.now(UTC)
+        offsets = list(offsets)
         rows = [(consumer, o.topic, o.partition, o.next_offset, now) for o in offsets]
         if not rows:
             return
-        with connect(self.location) as con:
+        stages = tuple(stages) or (consumer,)
+        with connect(self.location) as con, _transaction(con):
             con.executemany(
                 "INSERT INTO consumer_offsets VALUES (?, ?, ?, ?, ?) ON CONFLICT (consumer, topic, partition) "
                 "DO UPDATE SET next_offset = greatest(consumer_offsets.next_offset, excluded.next_offset), "
                 "updated_at = excluded.updated_at",
                 rows,
+            )
+            con.executemany(
+                "DELETE FROM consumed_ranges WHERE consumer = ? AND topic = ? AND partition = ? AND end_offset <= ?",
+                [(stage, o.topic, o.partition, o.next_offset) for stage in stages for o in offsets],
             )

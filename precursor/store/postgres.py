@@ -27,6 +27,7 @@ from pyarrow import csv
 
 from precursor.store.dialect import POSTGRES_FUNCTIONS, to_postgres
 from precursor.store.errors import StoreUnreachable
+from precursor.store.ledger import LEDGER_INSERT
 from precursor.store.location import redact
 
 
@@ -192,9 +193,19 @@ def _as_csv(batch: pa.Table) -> bytes:
     return sink.getvalue()
 
 
-def insert_table(con: PostgresConnection, table: str, batch: pa.Table, *, replace: bool, after: str | None) -> int:
+def insert_table(
+    con: PostgresConnection,
+    table: str,
+    batch: pa.Table,
+    *,
+    replace: bool,
+    after: str | None,
+    ledger: Sequence[Sequence[Any]] = (),
+) -> int:
     """``batch`` into ``table`` by COPY and one keyed INSERT (``after``: a statement over ``incoming`` to run in the
-    same transaction); returns the rows that were new (or replaced). Two writers whose rows meet retry on deadlock."""
+    same transaction; ``ledger``: the Kafka positions these rows account for, :data:`precursor.store.ledger.
+    LEDGER_INSERT` rows, in the same transaction too); returns the rows that were new (or replaced). Two writers whose
+    rows meet retry on deadlock."""
     columns = batch.column_names
     listed = ", ".join(columns)
     key = primary_key(con, table)
@@ -219,6 +230,8 @@ def insert_table(con: PostgresConnection, table: str, batch: pa.Table, *, replac
                 written = con.raw.execute(f"INSERT INTO {table} ({listed}) {source} {conflict}").rowcount
                 if after is not None:
                     con.execute(after)
+                if ledger:
+                    con.executemany(LEDGER_INSERT, ledger)
             return max(written, 0)
         except (errors.DeadlockDetected, errors.SerializationFailure):
             if attempt == RETRIES - 1:
