@@ -105,6 +105,17 @@ def _ask(question: Callable[[StoreReader], Any], store: Path | None) -> Any:
         return question(reader)
 
 
+def _unknown_machine(machine_id: str, store: Path | None) -> typer.Exit:
+    return fail(f"unknown machine {machine_id!r}: no predictions or events for it in {store_path(store)}")
+
+
+def _level(threshold: float | None) -> float:
+    """The risk that counts as a warning: the one asked for, else the store's default."""
+    from precursor.store.queries import DEFAULT_THRESHOLD
+
+    return DEFAULT_THRESHOLD if threshold is None else threshold
+
+
 def _cell(value: Any) -> Any:
     """Lists and nested rows as one readable cell (tables and CSV have no nesting)."""
     if isinstance(value, list):
@@ -211,14 +222,12 @@ def query_machine(
     """One machine's history: its failures with lead times, then its predictions, newest first.
 
     CSV has one table: the predictions (use ``query failures --machine`` for the failures)."""
-    from precursor.store.queries import DEFAULT_THRESHOLD
-
     start, end = _range(since, until)
-    level = DEFAULT_THRESHOLD if threshold is None else threshold
+    level = _level(threshold)
     with _store(store) as reader:
         summary = reader.machine_summary(machine_id)
         if summary is None:
-            raise fail(f"unknown machine {machine_id!r}: no predictions or events for it in {store_path(store)}")
+            raise _unknown_machine(machine_id, store)
         failures = reader.failures(machine_id, threshold=level, since=start, until=end, limit=1000).rows
         history = reader.machine_history(machine_id, limit=limit, offset=offset, since=start, until=end)
     out = _format(fmt, as_json)
@@ -267,15 +276,13 @@ def query_failures(
     as_json: JsonFlag = False,
 ) -> None:
     """Failures, newest first, with when they were first warned of and the lead time that gave."""
-    from precursor.store.queries import DEFAULT_THRESHOLD
-
     start, end = _range(since, until)
     with _store(store) as reader:
         if machine is not None and not reader.machine_exists(machine):
-            raise fail(f"unknown machine {machine!r}: no predictions or events for it in {store_path(store)}")
+            raise _unknown_machine(machine, store)
         page = reader.failures(
             machine,
-            threshold=DEFAULT_THRESHOLD if threshold is None else threshold,
+            threshold=_level(threshold),
             limit=limit,
             offset=offset,
             since=start,
@@ -302,7 +309,7 @@ def query_events(
     start, end = _range(since, until)
     with _store(store) as reader:
         if not reader.machine_exists(machine_id):
-            raise fail(f"unknown machine {machine_id!r}: no predictions or events for it in {store_path(store)}")
+            raise _unknown_machine(machine_id, store)
         page = reader.machine_events(machine_id, kinds=kind, limit=limit, offset=offset, since=start, until=end)
     _print(page.rows, _format(fmt, as_json), f"Events of {machine_id} ({len(page.rows)} of {page.total})")
 
@@ -388,7 +395,6 @@ def query_quality(
 ) -> None:
     """Precision and recall per model version over time (the monitoring pipeline's metrics where it wrote any)."""
     from precursor.contracts.durations import parse_duration
-    from precursor.store.queries import DEFAULT_THRESHOLD
 
     try:
         width = parse_duration(bucket)
@@ -400,7 +406,7 @@ def query_quality(
     rows = _ask(
         lambda s: s.quality(
             bucket=width,
-            threshold=DEFAULT_THRESHOLD if threshold is None else threshold,
+            threshold=_level(threshold),
             model_version=model_version,
             kind=kind,
             since=start,
