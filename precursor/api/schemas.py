@@ -34,13 +34,12 @@ class OpenAlert(Out):
     risk: float
 
 
-class AtRiskMachine(Out):
-    """A machine's latest prediction: how risky, why (risk per failure kind), since when."""
+class StoredPrediction(Out):
+    """What every answer that shows a stored prediction shows of it."""
 
-    machine_id: str
-    max_risk: Risk
-    top_kind: str
-    risk: dict[str, float]
+    max_risk: Risk = Field(description="the highest of the risks: what the prediction is ranked and judged by")
+    top_kind: str = Field(description="the failure kind with that risk")
+    risk: dict[str, float] = Field(description="probability of each failure kind within the horizon")
     window_start: datetime
     window_end: datetime
     horizon_h: float
@@ -48,6 +47,12 @@ class AtRiskMachine(Out):
     model_version: str
     edge_id: str
     seq: int
+
+
+class AtRiskMachine(StoredPrediction):
+    """A machine's latest prediction: how risky, why (risk per failure kind), since when."""
+
+    machine_id: str
     threshold: Risk = Field(
         description="the risk this machine is judged at: its model's operating point (as alerts are raised), unless a "
         "fixed threshold was asked for"
@@ -111,19 +116,12 @@ Reasons = Annotated[
 ]
 
 
-class LatestPrediction(Out):
-    machine_id: str
-    max_risk: float
-    top_kind: str
-    risk: dict[str, float]
-    window_start: datetime
-    window_end: datetime
-    horizon_h: float
-    model_name: str
-    model_version: str
-    edge_id: str
-    seq: int
+class PredictionRow(StoredPrediction):
     reasons: Reasons = None
+
+
+class LatestPrediction(PredictionRow):
+    machine_id: str
 
 
 class MachineSummary(Out):
@@ -135,20 +133,6 @@ class MachineSummary(Out):
     model_versions: list[str] | None
     events: dict[str, int]
     latest: LatestPrediction | None
-
-
-class PredictionRow(Out):
-    window_start: datetime
-    window_end: datetime
-    max_risk: float
-    top_kind: str
-    risk: dict[str, float]
-    horizon_h: float
-    model_name: str
-    model_version: str
-    edge_id: str
-    seq: int
-    reasons: Reasons = None
 
 
 class RiskPoint(Out):
