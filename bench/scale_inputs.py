@@ -27,11 +27,12 @@ import sys
 import tempfile
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -42,9 +43,17 @@ from edge_agent.identity import EdgeIdentity, agent_build  # noqa: E402
 from edge_agent.publisher import KafkaPublisher  # noqa: E402
 from infra.kafka_broker import LocalKafka, free_ports  # noqa: E402
 from infra.postgres_server import LocalPostgres  # noqa: E402
-from pipelines.ingest import prediction_batch  # noqa: E402
-from pipelines.records import prediction_record  # noqa: E402
-from precursor.contracts.messages import EdgeFlow, Heartbeat, Prediction, Reason, ReasonDetail, encode  # noqa: E402
+from pipelines.ingest import heartbeat_batch, prediction_batch  # noqa: E402
+from pipelines.records import heartbeat_record, prediction_record  # noqa: E402
+from precursor.contracts.messages import (  # noqa: E402
+    EdgeFlow,
+    Heartbeat,
+    HeartbeatSignature,
+    Prediction,
+    Reason,
+    ReasonDetail,
+    encode,
+)
 from precursor.store import PredictionStore  # noqa: E402
 from precursor.store.db import connect  # noqa: E402
 
@@ -52,6 +61,8 @@ KINDS = ("bearing", "overheat", "seal_leak", "electrical", "clog")
 MACHINES = 1000
 BATCH = 5000
 START = datetime(2026, 1, 1, tzinfo=UTC)
+# The store keeps a heartbeat's key id, not its signature: one stand-in serves every stored row.
+SIGNED = HeartbeatSignature(key_id="89ad81ba5de73f16", value="-")  # a key id as `models.edge.signing.key_id` makes it
 
 
 def reasons(rng: np.random.Generator) -> list[Reason]:
@@ -114,35 +125,39 @@ def predictions(count: int, *, model: str, explained: float, seed: int = 0) -> I
         )
 
 
-def heartbeat_size() -> int:
-    """Bytes of one heartbeat as an enrolled edge sends it: its build, the flow figures and its ed25519 signature."""
-    now = datetime.now(UTC)
-    heartbeat = Heartbeat(
-        edge_id="plant-0421-gw-03",
-        seq=1_234_567,
-        timestamp=now,
+def heartbeat(edge: int, seq: int, rng: np.random.Generator) -> Heartbeat:
+    """A heartbeat as an edge of 100 machines sends one every 30 s: its build, model, and the flow figures."""
+    scoring = float(rng.uniform(0.3, 0.6))
+    return Heartbeat(
+        edge_id=f"plant-{edge:04d}-gw-03",
+        seq=seq,
+        timestamp=START + timedelta(seconds=30 * seq, microseconds=int(rng.integers(0, 1_000_000))),
         model_name="precursor-lm",
         model_version="2026.12.02.143238",
         model_sha256="ab" * 32,
-        outbox_depth=12,
-        lag_s=0.84,
+        outbox_depth=int(rng.integers(0, 40)),
+        lag_s=float(rng.uniform(0, 2)),
         machines=100,
         agent=agent_build(),
         flow=EdgeFlow(
-            interval_s=30.012,
-            readings_per_s=10.03,
-            windows_per_s=0.1667,
-            predictions_per_s=0.1667,
-            scoring_ms_p50=0.412,
-            scoring_ms_p95=0.873,
-            scoring_busy=0.000_071,
-            cpu_s=1_843.27,
-            scoring_cpu_s=402.11,
-            predictions=1_234_000,
+            interval_s=round(float(rng.uniform(29.9, 30.2)), 3),  # the flow meter rounds it; the rest it does not
+            readings_per_s=float(rng.uniform(9.5, 10.5)),
+            windows_per_s=float(rng.uniform(0.15, 0.18)),
+            predictions_per_s=float(rng.uniform(0.15, 0.18)),
+            scoring_ms_p50=scoring,
+            scoring_ms_p95=scoring * float(rng.uniform(1.5, 3)),
+            scoring_busy=float(rng.uniform(0, 1e-4)),
+            cpu_s=1.1e-3 * 5 * seq,
+            scoring_cpu_s=0.4e-3 * 5 * seq,
+            predictions=5 * seq,
         ),
     )
-    signed = EdgeIdentity("plant-0421-gw-03", Ed25519PrivateKey.generate()).sign(heartbeat)
-    return len(encode(signed))
+
+
+def heartbeat_size() -> int:
+    """Bytes of one heartbeat as an enrolled edge sends it, signed by a real ed25519 key."""
+    identity = EdgeIdentity("plant-0421-gw-03", Ed25519PrivateKey.generate())
+    return len(encode(identity.sign(heartbeat(421, 1_234_567, np.random.default_rng(0)))))
 
 
 def wire_sizes(explained: float) -> dict[str, float]:
@@ -203,38 +218,69 @@ def kafka_log_bytes(count: int, explained: float) -> None:
             broker.down(report=lambda _: None)
 
 
-def batches(rows: int, explained: float) -> list:
-    records, out = [], []
+def in_batches(records: Iterator[tuple], to_table: Callable[[list, datetime], pa.Table]) -> list[pa.Table]:
+    """Record tuples as ingest hands them to the store: Arrow tables of ``BATCH`` rows."""
     now = datetime.now(UTC)
-    for p in predictions(rows, model="lm", explained=explained):
-        records.append(prediction_record(p, partition=p.seq % 6, offset=p.seq))
-        if len(records) == BATCH:
-            out.append(prediction_batch(records, now))
-            records = []
-    if records:
-        out.append(prediction_batch(records, now))
+    out, chunk = [], []
+    for record in records:
+        chunk.append(record)
+        if len(chunk) == BATCH:
+            out.append(to_table(chunk, now))
+            chunk = []
+    if chunk:
+        out.append(to_table(chunk, now))
     return out
 
 
-def duckdb_bytes(folder: Path, prepared: list, rows: int) -> None:
+def loads(rows: int, explained: float) -> dict[str, list[pa.Table]]:
+    """``rows`` predictions over 1,000 machines, and ``rows`` heartbeats of 1,000 edges, as the store gets them."""
+    rng = np.random.default_rng(1)
+    return {
+        "predictions": in_batches(
+            (
+                prediction_record(p, partition=p.seq % 6, offset=p.seq)
+                for p in predictions(rows, model="lm", explained=explained)
+            ),
+            prediction_batch,
+        ),
+        "heartbeats": in_batches(
+            (
+                heartbeat_record(
+                    heartbeat(i % 1000, i // 1000, rng).model_copy(update={"signature": SIGNED}),
+                    partition=0,
+                    offset=i,
+                    trust="verified",
+                    trust_reason=None,
+                    model_known=True,
+                )
+                for i in range(rows)
+            ),
+            heartbeat_batch,
+        ),
+    }
+
+
+def duckdb_bytes(folder: Path, tables: dict[str, list[pa.Table]]) -> None:
     import duckdb
 
     path = folder / "store.duckdb"
     with connect(path) as con:  # the schema, empty
         con.execute("CHECKPOINT")
     store = PredictionStore(path)
-    empty = path.stat().st_size
-    for batch in prepared:
-        store.insert_table("predictions", batch)
-    with duckdb.connect(str(path)) as con:
-        con.execute("CHECKPOINT")
-        stored = con.execute("SELECT count(*) FROM predictions").fetchone()[0]
-    assert stored == rows, (stored, rows)
-    full = path.stat().st_size
-    print(f"duckdb: {rows:,} rows: file {empty:,} -> {full:,} bytes: {(full - empty) / rows:.0f} bytes per row")
+    for table, batches in tables.items():
+        before = path.stat().st_size
+        for batch in batches:
+            store.insert_table(table, batch)
+        with duckdb.connect(str(path)) as con:
+            con.execute("CHECKPOINT")
+            stored = con.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        rows = sum(b.num_rows for b in batches)
+        assert stored == rows, (table, stored, rows)
+        after = path.stat().st_size
+        print(f"duckdb {table}: {rows:,} rows: file {before:,} -> {after:,} bytes: {(after - before) / rows:.0f} a row")
 
 
-def postgres_bytes(folder: Path, prepared: list, rows: int) -> None:
+def postgres_bytes(folder: Path, tables: dict[str, list[pa.Table]]) -> None:
     import psycopg
 
     server = LocalPostgres(folder / "pg")
@@ -242,29 +288,34 @@ def postgres_bytes(folder: Path, prepared: list, rows: int) -> None:
     os.environ["PGPASSFILE"] = str(server.pgpass)
     try:
         url = server.create_database("scale")
-        with connect(url) as con:  # the schema, empty
-            empty = con.execute("SELECT pg_database_size(current_database())").fetchone()[0]
+        with connect(url):  # the schema, empty
+            pass
         store = PredictionStore(url)
-        for batch in prepared:
-            store.insert_table("predictions", batch)
-        with psycopg.connect(url, autocommit=True) as con:
-            con.execute("VACUUM ANALYZE")  # settles the free-space and visibility maps, as a running server does
-            stored, full, table, heap = con.execute(
-                "SELECT (SELECT count(*) FROM predictions), pg_database_size(current_database()), "
-                "pg_total_relation_size('predictions'), pg_relation_size('predictions')"
-            ).fetchone()
-        assert stored == rows, (stored, rows)
-        print(
-            f"postgresql: {rows:,} rows: database {empty:,} -> {full:,} bytes: {(full - empty) / rows:.0f} bytes per "
-            f"row; the predictions table {table / rows:.0f} bytes per row with its indexes ({heap / rows:.0f} heap)"
-        )
+        for table, batches in tables.items():
+            with psycopg.connect(url, autocommit=True) as con:
+                before = con.execute("SELECT pg_database_size(current_database())").fetchone()[0]
+            for batch in batches:
+                store.insert_table(table, batch)
+            with psycopg.connect(url, autocommit=True) as con:
+                con.execute("VACUUM ANALYZE")  # settles the free-space and visibility maps, as a running server does
+                stored, after, total, heap = con.execute(
+                    f"SELECT (SELECT count(*) FROM {table}), pg_database_size(current_database()), "
+                    f"pg_total_relation_size('{table}'), pg_relation_size('{table}')"
+                ).fetchone()
+            rows = sum(b.num_rows for b in batches)
+            assert stored == rows, (table, stored, rows)
+            print(
+                f"postgresql {table}: {rows:,} rows: database {before:,} -> {after:,} bytes: "
+                f"{(after - before) / rows:.0f} a row; the table {total / rows:.0f} a row with its indexes "
+                f"({heap / rows:.0f} heap)"
+            )
     finally:
         server.down(report=lambda _: None, immediate=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=200_000, help="predictions stored per backend")
+    parser.add_argument("--rows", type=int, default=200_000, help="predictions, and heartbeats, stored per backend")
     parser.add_argument("--kafka", type=int, default=50_000, help="predictions sent through a broker")
     parser.add_argument("--no-kafka", action="store_true", help="skip the broker")
     parser.add_argument("--explained", type=float, default=0.01, help="share of windows that carry reasons")
@@ -272,11 +323,11 @@ def main() -> None:
     wire_sizes(args.explained)
     if not args.no_kafka:
         kafka_log_bytes(args.kafka, args.explained)
-    prepared = batches(args.rows, args.explained)
+    tables = loads(args.rows, args.explained)
     with tempfile.TemporaryDirectory(prefix="scale-store-") as folder:
         Path(folder).chmod(0o755)  # the PostgreSQL server may run as another account
-        duckdb_bytes(Path(folder), prepared, args.rows)
-        postgres_bytes(Path(folder), prepared, args.rows)
+        duckdb_bytes(Path(folder), tables)
+        postgres_bytes(Path(folder), tables)
 
 
 if __name__ == "__main__":
