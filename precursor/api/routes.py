@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Body, Header, HTTPException, Path, Query, Request, status
+from fastapi import APIRouter, Body, Depends, Header, HTTPException, Path, Query, Request, status
 
 from models.training.calibration_report import VersionCalibration, registry_calibrations
 from pipelines.flow import FlowSettings, flow_report
@@ -84,8 +84,9 @@ class TimeRange:
     until: datetime | None
 
 
-def time_range(since: str | None, until: str | None) -> TimeRange:
-    """Parse ``since``/``until``; 422 naming the parameter and its value when either is malformed."""
+def time_range(since: Since = None, until: Until = None) -> TimeRange:
+    """Parse ``since``/``until``; 422 naming the parameter and its value when either is malformed. A route takes
+    both query parameters, parsed, as one ``window: Window``."""
     try:
         start = parse_time_bound(since, name="since") if since is not None else None
         end = parse_time_bound(until, name="until") if until is not None else None
@@ -93,6 +94,9 @@ def time_range(since: str | None, until: str | None) -> TimeRange:
     except ValueError as err:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(err)) from None
     return TimeRange(start, end)
+
+
+Window = Annotated[TimeRange, Depends(time_range)]
 
 
 def _settings(request: Request) -> ApiSettings:
@@ -139,11 +143,19 @@ def open_store(request: Request, *, raw_sql: bool = False) -> Iterator[StoreRead
         ) from None
 
 
-def _known(store: StoreReader, machine_id: str) -> None:
-    if not store.machine_exists(machine_id):
-        raise HTTPException(
-            status.HTTP_404_NOT_FOUND, f"unknown machine {machine_id!r}: the store has no predictions or events for it"
-        )
+def _unknown_machine(machine_id: str) -> HTTPException:
+    return HTTPException(
+        status.HTTP_404_NOT_FOUND, f"unknown machine {machine_id!r}: the store has no predictions or events for it"
+    )
+
+
+@contextmanager
+def open_machine(request: Request, machine_id: str) -> Iterator[StoreReader]:
+    """The store, for a question about one machine: 404 when it holds nothing of that machine."""
+    with open_store(request) as store:
+        if not store.machine_exists(machine_id):
+            raise _unknown_machine(machine_id)
+        yield store
 
 
 def _page(page: StorePage) -> dict[str, Any]:
@@ -202,9 +214,7 @@ def machine(request: Request, machine_id: MachineId) -> dict[str, Any]:
     with open_store(request) as store:
         summary = store.machine_summary(machine_id)
     if summary is None:
-        raise HTTPException(
-            status.HTTP_404_NOT_FOUND, f"unknown machine {machine_id!r}: the store has no predictions or events for it"
-        )
+        raise _unknown_machine(machine_id)
     return summary
 
 
@@ -212,15 +222,12 @@ def machine(request: Request, machine_id: MachineId) -> dict[str, Any]:
 def machine_predictions(
     request: Request,
     machine_id: MachineId,
+    window: Window,
     limit: Limit = 100,
     offset: Offset = 0,
-    since: Since = None,
-    until: Until = None,
 ) -> dict[str, Any]:
     """One machine's predictions, newest first."""
-    window = time_range(since, until)
-    with open_store(request) as store:
-        _known(store, machine_id)
+    with open_machine(request, machine_id) as store:
         page = store.machine_history(machine_id, limit=limit, offset=offset, since=window.since, until=window.until)
     return _page(page)
 
@@ -229,14 +236,11 @@ def machine_predictions(
 def machine_risk(
     request: Request,
     machine_id: MachineId,
-    since: Since = None,
-    until: Until = None,
+    window: Window,
     points: Annotated[int, Query(ge=10, le=5000, description="at most this many points")] = 500,
 ) -> list[dict[str, Any]]:
     """Predicted risk over time: the peak of each time bucket."""
-    window = time_range(since, until)
-    with open_store(request) as store:
-        _known(store, machine_id)
+    with open_machine(request, machine_id) as store:
         return store.risk_series(machine_id, since=window.since, until=window.until, points=points)
 
 
@@ -244,16 +248,13 @@ def machine_risk(
 def machine_events(
     request: Request,
     machine_id: MachineId,
+    window: Window,
     kind: Annotated[list[str] | None, Query(max_length=10, description="failure, maintenance, error, anomaly")] = None,
     limit: Limit = 100,
     offset: Offset = 0,
-    since: Since = None,
-    until: Until = None,
 ) -> dict[str, Any]:
     """One machine's events, newest first."""
-    window = time_range(since, until)
-    with open_store(request) as store:
-        _known(store, machine_id)
+    with open_machine(request, machine_id) as store:
         page = store.machine_events(
             machine_id, kinds=kind, limit=limit, offset=offset, since=window.since, until=window.until
         )
@@ -264,16 +265,13 @@ def machine_events(
 def machine_failures(
     request: Request,
     machine_id: MachineId,
+    window: Window,
     threshold: Threshold = None,
     limit: Limit = 100,
     offset: Offset = 0,
-    since: Since = None,
-    until: Until = None,
 ) -> dict[str, Any]:
     """One machine's failures, each with its warning and lead time."""
-    window = time_range(since, until)
-    with open_store(request) as store:
-        _known(store, machine_id)
+    with open_machine(request, machine_id) as store:
         page = store.failures(
             machine_id,
             threshold=_threshold(request, threshold),
@@ -289,15 +287,12 @@ def machine_failures(
 def machine_telemetry(
     request: Request,
     machine_id: MachineId,
+    window: Window,
     sensor: Annotated[list[str] | None, Query(max_length=64)] = None,
-    since: Since = None,
-    until: Until = None,
     points: Annotated[int, Query(ge=10, le=5000)] = 300,
 ) -> dict[str, Any]:
     """Sensor summaries over time, where the site sends them (raw telemetry stays at the edge by default)."""
-    window = time_range(since, until)
-    with open_store(request) as store:
-        _known(store, machine_id)
+    with open_machine(request, machine_id) as store:
         series = store.telemetry_series(
             machine_id, sensors=sensor, since=window.since, until=window.until, points=points
         )
@@ -308,22 +303,17 @@ def machine_telemetry(
 def machine_timeline(
     request: Request,
     machine_id: MachineId,
-    since: Since = None,
-    until: Until = None,
+    window: Window,
     threshold: Threshold = None,
     points: Annotated[int, Query(ge=10, le=5000)] = 600,
 ) -> dict[str, Any]:
     """Everything a machine page draws, over one connection: summary, risk, events, failures with lead times,
     alerts and sensor lines."""
-    window = time_range(since, until)
     fixed = _fixed_threshold(request, threshold)
     with open_store(request) as store:
         summary = store.machine_summary(machine_id)
         if summary is None:
-            raise HTTPException(
-                status.HTTP_404_NOT_FOUND,
-                f"unknown machine {machine_id!r}: the store has no predictions or events for it",
-            )
+            raise _unknown_machine(machine_id)
         # The machine's operating point, as its alerts are raised, unless a fixed threshold was asked for.
         level = fixed if fixed is not None else store.operating_point(machine_id, _alert_rule(request))
         span = {"since": window.since, "until": window.until}
@@ -344,14 +334,12 @@ def machine_timeline(
 @router.get("/failures", response_model=Page[FailureRow])
 def failures(
     request: Request,
+    window: Window,
     threshold: Threshold = None,
     limit: Limit = 100,
     offset: Offset = 0,
-    since: Since = None,
-    until: Until = None,
 ) -> dict[str, Any]:
     """Failures across the fleet, newest first, each with its warning and lead time."""
-    window = time_range(since, until)
     with open_store(request) as store:
         page = store.failures(
             threshold=_threshold(request, threshold), limit=limit, offset=offset, since=window.since, until=window.until
@@ -362,16 +350,14 @@ def failures(
 @router.get("/alerts", response_model=Page[AlertRow])
 def alerts(
     request: Request,
+    window: Window,
     machine_id: Annotated[str | None, Query(max_length=128, pattern=IDENTIFIER)] = None,
     state: Annotated[str | None, Query(pattern="^(raised|cleared)$")] = None,
     kind: Filter = None,
     limit: Limit = 100,
     offset: Offset = 0,
-    since: Since = None,
-    until: Until = None,
 ) -> dict[str, Any]:
     """Alerts raised and cleared by the pipelines, newest first (empty until the pipelines store any)."""
-    window = time_range(since, until)
     with open_store(request) as store:
         page = store.alerts(
             machine_id=machine_id,
@@ -389,9 +375,8 @@ def alerts(
 
 
 @router.get("/models/versions", response_model=list[ModelVersionUsage])
-def model_versions(request: Request, edge_id: Filter = None, since: Since = None, until: Until = None) -> Any:
+def model_versions(request: Request, window: Window, edge_id: Filter = None) -> Any:
     """Which model versions each edge ran, with their first and last window."""
-    window = time_range(since, until)
     with open_store(request) as store:
         return store.model_versions(edge_id=edge_id, since=window.since, until=window.until)
 
@@ -408,18 +393,16 @@ def model_rollout(request: Request) -> Any:
 @router.get("/models/quality", response_model=list[QualityPoint])
 def model_quality(
     request: Request,
+    window: Window,
     bucket: Annotated[str, Query(max_length=16, description="period per point: 6h, 1d, 7d")] = "1d",
     threshold: Threshold = None,
     model_version: Filter = None,
     kind: Annotated[
         str, Query(min_length=1, max_length=128, description="failure kind of the pipeline's metrics; 'failure' = any")
     ] = ANY_FAILURE,
-    since: Since = None,
-    until: Until = None,
 ) -> Any:
     """Precision and recall per model version over time: the monitoring pipeline's figures where it has written
     any (in its own windows), otherwise computed from predictions and failures per ``bucket``."""
-    window = time_range(since, until)
     try:
         width = parse_duration(bucket)
     except ValueError as err:
