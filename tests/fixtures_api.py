@@ -30,11 +30,16 @@ from pipelines.alerts import AlertChange, MachineAlerts, Timeline, WriteAlertSta
 from pipelines.records import from_micros, prediction_record
 from precursor.contracts.alerting import AlertRule
 from precursor.contracts.messages import EdgeEvent, Event, Heartbeat, Prediction, Reason, ReasonDetail, TelemetrySummary
+from precursor.contracts.settings import KafkaSettings
 from precursor.simulator import FleetConfig, simulate_fleet
 from precursor.store import connect
 from tests.fixtures_store import store_messages
 
 TOKEN = "test-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+"""The headers of a request that carries the test token."""
+NO_BROKER = KafkaSettings(bootstrap_servers="127.0.0.1:9")
+"""Kafka where none answers: for apps whose test never reaches the live tail."""
 EDGES = ("edge-a", "edge-b")
 OLD_VERSION, NEW_VERSION = "0.1.0", "0.2.0"
 ALERT_RULE = AlertRule()

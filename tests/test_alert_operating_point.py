@@ -21,12 +21,11 @@ from precursor.api.settings import ApiSettings
 from precursor.contracts.messages import Prediction
 from precursor.contracts.settings import KafkaSettings
 from precursor.store import connect
-from tests.fixtures_api import TOKEN, serving
+from tests.fixtures_api import AUTH, TOKEN, serving
 from tests.fixtures_browser import browser, read, wait_for  # noqa: F401 (a fixture)
 from tests.test_pipeline_alerts import consumed_alerts, produce
 from tests.test_pipeline_labeling import T0
 
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LM_THRESHOLD = 0.269  # what `precursor evaluate` reported for the demo's model
 
 # machine -> (model name, the model's own threshold, risk per hourly window)

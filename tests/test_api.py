@@ -13,17 +13,13 @@ from fastapi.testclient import TestClient
 
 from precursor.api.app import DASHBOARD_DIR, create_app
 from precursor.api.settings import ApiSettings
-from precursor.contracts.settings import KafkaSettings
-from tests.fixtures_api import TOKEN, SimulatedStore, fill_store
+from tests.fixtures_api import AUTH, NO_BROKER, TOKEN, SimulatedStore, fill_store
 from tests.fixtures_store import store_digest
 
 if TYPE_CHECKING:
     from tests.fixtures_postgres import NewStore
 
 pytest_plugins = ["tests.fixtures_postgres"]
-
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-NO_BROKER = KafkaSettings(bootstrap_servers="127.0.0.1:9")
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,7 @@ from models.edge.signing import generate_keypair, load_private_key, load_public_
 from precursor.api.app import create_app
 from precursor.api.settings import ApiSettings
 from precursor.contracts.settings import KafkaSettings
-from tests.fixtures_api import TOKEN
-
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
+from tests.fixtures_api import AUTH, TOKEN
 
 PLATT = Calibration(method="platt", a=0.62, b=-1.3, fitted_on=400, positives=31, reason="Platt scaling on 400 windows")
 

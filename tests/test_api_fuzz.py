@@ -24,8 +24,7 @@ from schemathesis.specs.openapi.checks import (
 
 from precursor.api.app import create_app
 from precursor.api.settings import ApiSettings
-from precursor.contracts.settings import KafkaSettings
-from tests.fixtures_api import TOKEN, SimulatedStore, fill_store, serving
+from tests.fixtures_api import AUTH, NO_BROKER, TOKEN, SimulatedStore, fill_store, serving
 from tests.fixtures_store import store_digest
 
 if TYPE_CHECKING:
@@ -33,7 +32,6 @@ if TYPE_CHECKING:
 
 pytest_plugins = ["tests.fixtures_postgres"]
 
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
@@ -45,7 +43,7 @@ def fuzzed_store(new_store: NewStore) -> SimulatedStore:
 def _app(store_path: Path | str) -> FastAPI:
     return create_app(
         ApiSettings(tokens=TOKEN, store=store_path, sql_timeout_s=1.0),
-        KafkaSettings(bootstrap_servers="127.0.0.1:9"),
+        NO_BROKER,
     )
 
 

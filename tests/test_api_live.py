@@ -17,12 +17,10 @@ from precursor.api.app import create_app
 from precursor.api.settings import ApiSettings
 from precursor.contracts.messages import Alert, Prediction, encode
 from precursor.contracts.settings import KafkaSettings
-from tests.fixtures_api import TOKEN, serving
+from tests.fixtures_api import AUTH, TOKEN, serving
 from tests.fixtures_messages import hourly_prediction
 
 pytestmark = pytest.mark.integration
-
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def prediction(seq: int, machine_id: str, risk: float) -> Prediction:

@@ -14,18 +14,14 @@ from fastapi.testclient import TestClient
 
 from precursor.api.app import create_app
 from precursor.api.settings import ApiSettings
-from precursor.contracts.settings import KafkaSettings
 from precursor.store import connect
-from tests.fixtures_api import TOKEN, SimulatedStore, fill_store
+from tests.fixtures_api import AUTH, NO_BROKER, TOKEN, SimulatedStore, fill_store
 from tests.test_query_cli import run
 
 if TYPE_CHECKING:
     from tests.fixtures_postgres import NewStore
 
 pytest_plugins = ["tests.fixtures_postgres"]
-
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-NO_BROKER = KafkaSettings(bootstrap_servers="127.0.0.1:9")
 
 
 @pytest.fixture(scope="module")

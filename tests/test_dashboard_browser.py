@@ -21,12 +21,10 @@ from precursor.api.settings import ApiSettings
 from precursor.contracts.messages import Prediction, encode
 from precursor.contracts.settings import KafkaSettings
 from precursor.store import PredictionStore, connect
-from tests.fixtures_api import TOKEN, SimulatedStore, fill_store, serving
+from tests.fixtures_api import AUTH, TOKEN, SimulatedStore, fill_store, serving
 from tests.fixtures_browser import browser, click, read, screenshot, wait_for  # noqa: F401 (browser: a fixture)
 
 pytestmark = pytest.mark.integration
-
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture

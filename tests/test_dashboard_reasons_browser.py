@@ -13,12 +13,10 @@ from selenium.webdriver.common.by import By
 from precursor.api.app import create_app
 from precursor.api.settings import ApiSettings
 from precursor.contracts.settings import KafkaSettings
-from tests.fixtures_api import TOKEN, fill_store, serving
+from tests.fixtures_api import AUTH, TOKEN, fill_store, serving
 from tests.fixtures_browser import browser, click, read, screenshot, wait_for  # noqa: F401 (browser: a fixture)
 
 pytestmark = pytest.mark.integration
-
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def test_the_machine_page_says_why_each_alert_was_raised(browser: webdriver.Chrome, tmp_path: Path) -> None:  # noqa: F811

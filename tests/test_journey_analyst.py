@@ -20,7 +20,7 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 
 from precursor.contracts.settings import KafkaSettings
-from tests.fixtures_api import TOKEN, SimulatedStore, fill_store, free_port
+from tests.fixtures_api import AUTH, TOKEN, SimulatedStore, fill_store, free_port
 from tests.fixtures_browser import browser, wait_for  # noqa: F401  (browser is a fixture)
 
 pytestmark = pytest.mark.integration
@@ -93,9 +93,6 @@ def served(sim: SimulatedStore, kafka_settings: KafkaSettings, tmp_path: Path) -
         server.terminate()
         server.wait(20)
         log.close()
-
-
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def test_query_api_and_dashboard_give_an_analyst_the_same_answers(
