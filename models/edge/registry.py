@@ -23,6 +23,7 @@ import shutil
 import tarfile
 import tempfile
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -350,20 +351,27 @@ def unpack(
     dest_dir = Path(dest_dir)
     if dest_dir.exists() and (not dest_dir.is_dir() or any(dest_dir.iterdir())):
         raise FileExistsError(f"unpack destination {dest_dir} exists and is not an empty directory")
-    dest_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest_dir.name}.unpacking-", dir=dest_dir.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; the unpacked artifact is not a secret
+    with staged_folder(dest_dir, "unpacking") as staging, _open_archive(archive_path) as tar:
+        for member in _checked_members(tar, archive_path, max_bytes, max_files):
+            _extract_member(tar, member, staging, archive_path)
+    return dest_dir
+
+
+@contextmanager
+def staged_folder(dest: Path, doing: str) -> Iterator[Path]:
+    """A fresh folder beside ``dest`` (``.NAME.DOING-…``) to build an artifact in, renamed to ``dest`` (which may be
+    an empty folder) when the block ends and removed when it fails: ``dest`` is never seen half-written."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{doing}-", dir=dest.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; an artifact is not a secret
     try:
-        with _open_archive(archive_path) as tar:
-            for member in _checked_members(tar, archive_path, max_bytes, max_files):
-                _extract_member(tar, member, staging, archive_path)
-        if dest_dir.exists():
-            dest_dir.rmdir()
-        staging.rename(dest_dir)
+        yield staging
+        if dest.exists():
+            dest.rmdir()
+        staging.rename(dest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return dest_dir
 
 
 # --- releases: the message that announces an artifact to the fleet --------------------------------------------------
@@ -542,17 +550,10 @@ class ModelRegistry:
         destination = self._version_dir(manifest.version)
         if destination.exists():
             raise FileExistsError(f"{self.model_name} version {manifest.version} is already published at {destination}")
-        self.model_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{manifest.version}.publishing-", dir=self.model_dir))
-        staging.chmod(0o755)
-        try:
+        with staged_folder(destination, "publishing") as staging:
             shutil.copytree(artifact_dir, staging, dirs_exist_ok=True)
             # Verify the copy, not just the source: the source could change between the check and the copy.
             verify_artifact(staging, self.trusted_keys)
-            staging.rename(destination)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
         return self._entry(manifest.version)
 
     def _entry(self, version: str) -> RegistryEntry:

@@ -42,7 +42,7 @@ from torch import nn
 
 from models.edge.calibration import IDENTITY, Calibration, calibration_of
 from models.edge.outcome import pack_sequences, risks_from_logits
-from models.edge.registry import CONFIG_FILE, DEFAULT_MODEL_NAME, VERSION_PATTERN, sign_artifact
+from models.edge.registry import CONFIG_FILE, DEFAULT_MODEL_NAME, VERSION_PATTERN, sign_artifact, staged_folder
 from models.edge.scoring import Window
 from models.edge.signing import load_private_key
 from models.training.model import context_length, ensemble_members, load_causal_lm, takes_values
@@ -545,10 +545,7 @@ def export_artifact(
     if calibration_values is not None:
         decision_values = list(calibration_values)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.exporting-", dir=out_dir.parent))
-    staging.chmod(0o755)
-    try:
+    with staged_folder(out_dir, "exporting") as staging:
         with tempfile.TemporaryDirectory(prefix="precursor-export-") as scratch:
             fp32_path = Path(scratch) / FP32_MODEL_FILE
             export_onnx(model, fp32_path)
@@ -603,12 +600,6 @@ def export_artifact(
             version=version,
             private_key=private_key,
         )
-        if out_dir.exists():
-            out_dir.rmdir()
-        staging.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     log.info("exported %s version %s: %s", checkpoint_dir, version, report)
     return out_dir
 
