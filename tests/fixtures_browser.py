@@ -28,6 +28,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 from tests.conftest import REPO_ROOT
+from tests.fixtures_api import TOKEN
 
 ARTIFACTS = Path(os.environ.get("PRECURSOR_TEST_ARTIFACTS", REPO_ROOT / ".state" / "test-artifacts"))
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -81,6 +82,26 @@ def headless_chromium(profile: Path, *, width: int = 1440, height: int = 1100) -
 def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
     with headless_chromium(tmp_path / "chromium-profile") as driver:
         yield driver
+
+
+def open_fleet_page(driver: webdriver.Chrome, base: str) -> None:
+    """The dashboard at ``base``, signed in with the test token; returns once the fleet page is drawn."""
+    driver.get(f"{base}/dashboard/#token={TOKEN}")
+    wait_for("the fleet page", lambda: driver.execute_script("return document.body.dataset.ready") == "fleet")
+
+
+def open_machine_history(driver: webdriver.Chrome, base: str, machine: str) -> None:
+    """A machine's page with all of its history (the All range); returns once that is drawn."""
+    driver.get(f"{base}/dashboard/#/machine/{machine}")
+    wait_for("the machine page", lambda: driver.execute_script("return document.body.dataset.ready") == "machine")
+    click(driver, "the All range", "//div[@class='ranges']/button[text()='All']")
+    wait_for(
+        "all of its history",
+        lambda: driver.execute_script(
+            "return document.body.dataset.ready === 'machine'"
+            " && document.querySelector('.ranges button.on')?.textContent === 'All'"
+        ),
+    )
 
 
 def read(driver: webdriver.Chrome, selector: str, *attributes: str) -> list[list[str]]:

@@ -22,7 +22,12 @@ from precursor.contracts.messages import Prediction
 from precursor.contracts.settings import KafkaSettings
 from precursor.store import connect
 from tests.fixtures_api import AUTH, TOKEN, serving
-from tests.fixtures_browser import browser, read, wait_for  # noqa: F401 (a fixture)
+from tests.fixtures_browser import (
+    browser,  # noqa: F401 (a fixture)
+    open_fleet_page,
+    read,
+    wait_for,
+)
 from tests.test_pipeline_alerts import consumed_alerts, produce
 from tests.test_pipeline_labeling import T0
 
@@ -149,8 +154,7 @@ def test_the_dashboard_bands_and_counts_follow_each_models_operating_point_live_
         )
 
     with serving(make_app(ingested, kafka_settings)) as base:
-        browser.get(f"{base}/dashboard/#token={TOKEN}")
-        wait_for("the fleet page", lambda: browser.execute_script("return document.body.dataset.ready") == "fleet")
+        open_fleet_page(browser, base)
         wait_for(
             "the live tail", lambda: browser.find_element(By.ID, "live-status").get_attribute("data-state") == "live"
         )

@@ -22,7 +22,14 @@ from precursor.contracts.messages import Prediction, encode
 from precursor.contracts.settings import KafkaSettings
 from precursor.store import PredictionStore, connect
 from tests.fixtures_api import AUTH, TOKEN, SimulatedStore, fill_store, serving
-from tests.fixtures_browser import browser, click, read, screenshot, wait_for  # noqa: F401 (browser: a fixture)
+from tests.fixtures_browser import (
+    browser,  # noqa: F401 (a fixture)
+    open_fleet_page,
+    open_machine_history,
+    read,
+    screenshot,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -54,8 +61,7 @@ def test_the_dashboard_matches_the_api_and_updates_live(
     flag_edges(sim)
     app = create_app(ApiSettings(tokens=TOKEN, store=sim.path, live_poll_ms=100), kafka_settings)
     with serving(app) as base, httpx.Client(base_url=base, headers=AUTH, timeout=20) as api:
-        browser.get(f"{base}/dashboard/#token={TOKEN}")
-        wait_for("the fleet page", lambda: browser.execute_script("return document.body.dataset.ready") == "fleet")
+        open_fleet_page(browser, base)
         assert "token=" not in browser.current_url  # taken out of the address bar at once
         wait_for(
             "the live tail",
@@ -108,16 +114,7 @@ def test_the_dashboard_matches_the_api_and_updates_live(
 
         # The machine page: risk with failures and lead times marked, sensor lines, the failures table.
         machine = next(m for m in sim.machines if any(f.machine_id == m for f in sim.failures()))
-        browser.get(f"{base}/dashboard/#/machine/{machine}")
-        wait_for("the machine page", lambda: browser.execute_script("return document.body.dataset.ready") == "machine")
-        click(browser, "the All range", "//div[@class='ranges']/button[text()='All']")
-        wait_for(
-            "all of its history",
-            lambda: browser.execute_script(
-                "return document.body.dataset.ready === 'machine'"
-                " && document.querySelector('.ranges button.on')?.textContent === 'All'"
-            ),
-        )
+        open_machine_history(browser, base, machine)
         failures = api.get(f"/api/v1/machines/{machine}/failures").json()["items"]
         markers = browser.find_elements(By.CSS_SELECTOR, "#risk-chart [data-marker='failure']")
         assert len(markers) == len(failures)
@@ -158,8 +155,7 @@ def test_the_models_page_shows_each_versions_calibration(
     registry = write_registry(tmp_path)
     app = create_app(ApiSettings(tokens=TOKEN, store=sim.path, model_registry=registry), KafkaSettings())
     with serving(app) as base, httpx.Client(base_url=base, headers=AUTH, timeout=20) as api:
-        browser.get(f"{base}/dashboard/#token={TOKEN}")
-        wait_for("the fleet page", lambda: browser.execute_script("return document.body.dataset.ready") == "fleet")
+        open_fleet_page(browser, base)
         browser.get(f"{base}/dashboard/#/models")
         wait_for("the models page", lambda: browser.execute_script("return document.body.dataset.ready") == "models")
         answer = api.get("/api/v1/models/calibration").json()
@@ -188,8 +184,7 @@ def test_the_models_page_shows_each_versions_calibration(
     # without a registry the page says which setting names one, the rest of it still renders, and nothing fails
     app = create_app(ApiSettings(tokens=TOKEN, store=sim.path), KafkaSettings())
     with serving(app) as base:
-        browser.get(f"{base}/dashboard/#token={TOKEN}")
-        wait_for("the fleet page", lambda: browser.execute_script("return document.body.dataset.ready") == "fleet")
+        open_fleet_page(browser, base)
         browser.get(f"{base}/dashboard/#/models")
         wait_for("the models page", lambda: browser.execute_script("return document.body.dataset.ready") == "models")
         assert "PRECURSOR_API_MODEL_REGISTRY" in browser.find_element(By.ID, "calibration-none").text
@@ -212,18 +207,8 @@ def test_the_machine_page_draws_the_sensor_lines_an_edge_sent(
     sensors = sorted({name for s in mine for name in s.sensors})
     app = create_app(ApiSettings(tokens=TOKEN, store=store), kafka_settings)
     with serving(app) as base:
-        browser.get(f"{base}/dashboard/#token={TOKEN}")
-        wait_for("the fleet page", lambda: browser.execute_script("return document.body.dataset.ready") == "fleet")
-        browser.get(f"{base}/dashboard/#/machine/{machine}")
-        wait_for("the machine page", lambda: browser.execute_script("return document.body.dataset.ready") == "machine")
-        click(browser, "the All range", "//div[@class='ranges']/button[text()='All']")
-        wait_for(
-            "all of its history",
-            lambda: browser.execute_script(
-                "return document.body.dataset.ready === 'machine'"
-                " && document.querySelector('.ranges button.on')?.textContent === 'All'"
-            ),
-        )
+        open_fleet_page(browser, base)
+        open_machine_history(browser, base, machine)
         assert browser.find_elements(By.CSS_SELECTOR, "#risk-chart svg")  # the risk above, on the same time axis
         # A chart per sensor the edge summarized, each with its line and the latest reading the edge reported.
         panels = read(browser, "#sensor-charts .sensor", "data-sensor", "data-points", "data-last")

@@ -14,7 +14,13 @@ from precursor.api.app import create_app
 from precursor.api.settings import ApiSettings
 from precursor.contracts.settings import KafkaSettings
 from tests.fixtures_api import AUTH, TOKEN, fill_store, serving
-from tests.fixtures_browser import browser, click, read, screenshot, wait_for  # noqa: F401 (browser: a fixture)
+from tests.fixtures_browser import (
+    browser,  # noqa: F401 (a fixture)
+    open_fleet_page,
+    open_machine_history,
+    read,
+    screenshot,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -31,18 +37,8 @@ def test_the_machine_page_says_why_each_alert_was_raised(browser: webdriver.Chro
         assert any(a["reasons"] for a in mine)
         latest = api.get(f"/api/v1/machines/{machine}").json()["latest"]
 
-        browser.get(f"{base}/dashboard/#token={TOKEN}")
-        wait_for("the fleet page", lambda: browser.execute_script("return document.body.dataset.ready") == "fleet")
-        browser.get(f"{base}/dashboard/#/machine/{machine}")
-        wait_for("the machine page", lambda: browser.execute_script("return document.body.dataset.ready") == "machine")
-        click(browser, "the All range", "//div[@class='ranges']/button[text()='All']")
-        wait_for(
-            "all of its history",
-            lambda: browser.execute_script(
-                "return document.body.dataset.ready === 'machine'"
-                " && document.querySelector('.ranges button.on')?.textContent === 'All'"
-            ),
-        )
+        open_fleet_page(browser, base)
+        open_machine_history(browser, base, machine)
         shown = read(browser, "#alert-reasons li", "data-at", "data-kind")
         assert [(at, kind) for at, kind in shown] == [(a["at"], a["kind"]) for a in mine]
         rows = browser.find_elements(By.CSS_SELECTOR, "#alert-reasons li")

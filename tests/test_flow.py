@@ -39,7 +39,13 @@ from precursor.cli import app as cli
 from precursor.contracts.messages import ContractError, EdgeFlow, Heartbeat, decode, encode
 from precursor.contracts.settings import KafkaSettings
 from tests.fixtures_api import TOKEN, serving
-from tests.fixtures_browser import browser, read, screenshot, wait_for  # noqa: F401 (browser: a fixture)
+from tests.fixtures_browser import (
+    browser,  # noqa: F401 (a fixture)
+    open_fleet_page,
+    read,
+    screenshot,
+    wait_for,
+)
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -269,8 +275,7 @@ def test_a_stopped_pipeline_is_marked_by_the_api_the_page_and_precursor_status(
         with serving(app) as base:
             answer = httpx.get(f"{base}/api/v1/flow", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30).json()
             assert answer["bottleneck"] == "pipeline"
-            browser.get(f"{base}/dashboard/#token={TOKEN}")
-            wait_for("the fleet page", lambda: browser.execute_script("return document.body.dataset.ready") == "fleet")
+            open_fleet_page(browser, base)
             browser.get(f"{base}/dashboard/#/flow")
             wait_for("the flow page", lambda: browser.execute_script("return document.body.dataset.ready") == "flow")
             marked = wait_for(
