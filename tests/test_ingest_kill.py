@@ -150,12 +150,19 @@ def alert_state(store: Path | str) -> tuple[list[tuple[Any, ...]], list[tuple[An
 
 
 def dead_letters(settings: KafkaSettings) -> Iterator[DeadLetter]:
-    consumer = KafkaConsumer(
-        settings.topics.deadletter, **settings.client_kwargs(), auto_offset_reset="earliest", consumer_timeout_ms=5000
-    )
+    """Every dead letter on the topic, read to its end offsets (no waiting for silence)."""
+    consumer = KafkaConsumer(**settings.client_kwargs(), enable_auto_commit=False)
     try:
-        for record in consumer:
-            yield decode(DeadLetter, record.value)
+        topic = settings.topics.deadletter
+        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning()
+        ends = consumer.end_offsets(partitions)
+        deadline = time.monotonic() + 30
+        while any(consumer.position(tp) < ends[tp] for tp in partitions) and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                for record in records:
+                    yield decode(DeadLetter, record.value)
     finally:
         consumer.close()
 
