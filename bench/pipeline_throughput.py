@@ -47,7 +47,7 @@ from infra.kafka_admin import admin_client, ensure_topics
 from pipelines.engines import ENGINES, FLINK_POM, EngineError, EngineSettings, engine
 from pipelines.labeling import run_labeling
 from pipelines.run import run_once
-from precursor.contracts.messages import EdgeEvent, encode
+from precursor.contracts.messages import EdgeEvent, Prediction, encode
 from precursor.contracts.settings import KafkaSettings
 
 
@@ -64,14 +64,32 @@ def failure_events(count: int) -> list[tuple[bytes, bytes]]:
     return events
 
 
+def quiet_fleet(count: int, degrading_every: int = 50) -> list[tuple[bytes, bytes]]:
+    """:func:`predictions` with the risks of a fleet that mostly runs well: every ``degrading_every``-th machine's
+    failure risk climbs from 0.05 to 0.95 over its windows (it crosses the alert threshold once and stays above),
+    every other machine's risks stay below 0.2. Same machines, edges, windows and message sizes; far fewer alerts
+    than the default risks, which swing across the thresholds and raise or clear one for about a third of the
+    predictions."""
+    windows = max(1, count // 1000)
+    pairs = []
+    for key, value in predictions(count):
+        message = Prediction.model_validate_json(value)
+        machine = int(message.machine_id.rsplit("-", 1)[1])
+        risk = {kind: 0.2 * p for kind, p in message.risk.items()}
+        if machine % degrading_every == 0:
+            risk["failure"] = 0.05 + 0.9 * (message.seq // 1000) / windows
+        pairs.append((key, encode(message.model_copy(update={"risk": risk}))))
+    return pairs
+
+
 RAW = "raw consume, kafka-python (no parsing)"
 LOCAL_INGEST = "ingest, local: all new"
 BEFORE = "ingest, local, before"
 
 
-def fill(settings: KafkaSettings, count: int) -> None:
+def fill(settings: KafkaSettings, count: int, *, quiet: bool = False) -> None:
     producer = KafkaProducer(**settings.client_kwargs(), acks="all", linger_ms=20, batch_size=256 * 1024)
-    for key, value in predictions(count):
+    for key, value in quiet_fleet(count) if quiet else predictions(count):
         producer.send(settings.topics.predictions, key=key, value=value)
     for key, value in failure_events(count):
         producer.send(settings.topics.events, key=key, value=value)
@@ -117,6 +135,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engines", default="local,prism,flink", help=f"comma-separated, of {', '.join(ENGINES)}")
     parser.add_argument("--flink-cluster", type=int, default=0, metavar="N", help="run flink on N task managers")
     parser.add_argument("--before", type=Path, metavar="DIR", help="also time the local ingest of the checkout in DIR")
+    parser.add_argument(
+        "--quiet-fleet",
+        action="store_true",
+        help="risks of a fleet that mostly runs well (one machine in 50 degrades and alerts once) instead of the "
+        "default risks, which raise or clear an alert for about a third of the predictions",
+    )
     args = parser.parse_args(argv)
     with ExitStack() as stack:
         engine_settings = EngineSettings()
@@ -183,7 +207,7 @@ def measure(args: argparse.Namespace, engine_settings: EngineSettings, flink_arg
         specs = settings.topics.specs()
         ensure_topics(settings, specs)
         try:
-            fill(settings, args.messages)
+            fill(settings, args.messages, quiet=args.quiet_fleet)
             partitions = next(s.partitions for s in specs if s.name == settings.topics.predictions)
             rows.append(timed(RAW, args.messages, lambda: consume(settings, settings.topics.predictions, partitions,
                                                                   args.messages)))  # fmt: skip
@@ -191,6 +215,7 @@ def measure(args: argparse.Namespace, engine_settings: EngineSettings, flink_arg
                 wall, cpu, stored = ingest_before(args.before, settings)
                 assert stored == args.messages + len(failure_events(args.messages)), stored
                 rows.append((f"{BEFORE}: all new", args.messages, wall, cpu))
+            alerts: dict[str, tuple[int, int]] = {}
             with tempfile.TemporaryDirectory() as folder:
                 for name in available:
                     store = Path(folder) / f"{name}.duckdb"
@@ -203,6 +228,7 @@ def measure(args: argparse.Namespace, engine_settings: EngineSettings, flink_arg
 
                     rows.append(timed(f"ingest, {name}: all new", args.messages, ingest))
                     assert report["first"].stored == args.messages + len(failure_events(args.messages)), report
+                    alerts[name] = (report["first"].alerts_raised, report["first"].alerts_cleared)
                     if name == "local":
 
                         def again(store: Path = store, report: dict = report) -> None:
@@ -220,6 +246,8 @@ def measure(args: argparse.Namespace, engine_settings: EngineSettings, flink_arg
             with admin_client(settings, timeout_s=10) as admin:
                 admin.delete_topics([s.name for s in specs], raise_errors=False)
     print(f"broker: {where}")
+    print(f"risks: {'a quiet fleet (--quiet-fleet)' if args.quiet_fleet else 'the default synthetic risks'}; alerts "
+          + ", ".join(f"{name}: {up:,} raised, {down:,} cleared" for name, (up, down) in alerts.items()))  # fmt: skip
     print(f"load average (1 min): {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
     print(f"{'run':<42}{'predictions':>12}{'seconds':>10}{'predictions/s':>16}{'CPU s':>8}{'per CPU s':>12}")
     for label, count, seconds, cpu in rows:

@@ -175,7 +175,11 @@ def advance(timeline: Timeline, arrivals: Iterable[PredictionRecord], rule: Aler
     def decide(r: PredictionRecord) -> None:
         threshold = rule.threshold_for(r.model_name, r.threshold)
         for kind, risk in r.risk:
-            kinds[kind], change = step(rule, kinds.get(kind, _QUIET), risk, threshold)
+            state = kinds.get(kind, _QUIET)
+            if not state.raised and risk < threshold:  # what step() says here, without the call: most windows
+                kinds[kind] = _QUIET
+                continue
+            kinds[kind], change = step(rule, state, risk, threshold)
             if change is not None:
                 changes.append(
                     AlertChange(r.machine_id, kind, change, risk, r.window_end_us, r.model_version, threshold)

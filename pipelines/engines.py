@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, PipelineOptionsT
 from apache_beam.runners.portability.flink_runner import FlinkRunner
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner, worker_handlers
 from apache_beam.runners.runner import PipelineResult
@@ -150,6 +150,29 @@ class _FlinkRunnerStoppingItsJobServer(FlinkRunner):
         return result
 
 
+class OptionViewsOnce(PipelineOptions):
+    """Pipeline options that make each view (``view_as(TypeOptions)`` and the like) once and hand out the same one
+    after. Beam asks the pipeline's options for views several times for every transform it applies, and each new view
+    parses the flags again with a new argparse parser: that was most of building an ingest pipeline (about 0.4 CPU-s
+    a run). Every view reads and writes the options' one store of values (``_all_options``), so the same view again
+    is the same answer."""
+
+    def view_as(self, cls: type[PipelineOptionsT]) -> PipelineOptionsT:
+        views = self.__dict__.get("_views")
+        if views is None:
+            views = {}
+            object.__setattr__(self, "_views", views)  # PipelineOptions.__setattr__ takes option names only
+        view = views.get(cls)
+        if view is None:
+            view = views[cls] = super().view_as(cls)
+        return view
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())
+        state.pop("_views", None)  # views are made again where the options are unpickled
+        return state
+
+
 @dataclass(frozen=True)
 class Engine:
     """A runner and its options, ready for ``beam.Pipeline(runner=..., options=...)``."""
@@ -174,7 +197,7 @@ def engine(name: str, beam_args: list[str] | None = None, settings: EngineSettin
         # 1.5 ms a write: most of a run with many machines). A bounded run never revisits a key in a later bundle,
         # so the cache buys nothing here; size 0 turns it off for this process's in-process workers.
         worker_handlers.STATE_CACHE_SIZE_MB = 0
-        return Engine(name, FnApiRunner(), PipelineOptions(extra))
+        return Engine(name, FnApiRunner(), OptionViewsOnce(extra))
     if name == PRISM:
         binary = settings.prism_path
         if not binary.is_file():
@@ -183,7 +206,7 @@ def engine(name: str, beam_args: list[str] | None = None, settings: EngineSettin
                 "(builds it with Go), or set PRECURSOR_ENGINE_PRISM_BINARY"
             )
         args = ["--runner=PrismRunner", f"--prism_location={binary}", "--environment_type=LOOPBACK"]
-        return Engine(name, "PrismRunner", PipelineOptions(args + extra))
+        return Engine(name, "PrismRunner", OptionViewsOnce(args + extra))
     if name == FLINK:
         args = [
             "--runner=FlinkRunner",
@@ -198,8 +221,8 @@ def engine(name: str, beam_args: list[str] | None = None, settings: EngineSettin
             f"--parallelism={settings.parallelism}",
             *(f"--job_server_jvm_properties={opening}" for opening in _JAVA17_OPENS),
         ]
-        return Engine(name, _FlinkRunnerStoppingItsJobServer(), PipelineOptions(args + extra), bundle_per_key=True)
-    return Engine(name, name, PipelineOptions([f"--runner={name}", *extra]))
+        return Engine(name, _FlinkRunnerStoppingItsJobServer(), OptionViewsOnce(args + extra), bundle_per_key=True)
+    return Engine(name, name, OptionViewsOnce([f"--runner={name}", *extra]))
 
 
 def counters(result: PipelineResult, namespace: str) -> dict[str, int]:

@@ -13,7 +13,6 @@ on as plain tuples (:mod:`pipelines.records`), not pydantic objects, so shuffles
 
 from __future__ import annotations
 
-import json
 import pickle
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -40,6 +39,7 @@ from pipelines.records import (
     TelemetrySummaryRecord,
     event_record,
     prediction_record,
+    risk_json,
     telemetry_summary_record,
     to_micros,
 )
@@ -278,7 +278,6 @@ class DropDuplicates(beam.PTransform):
         return kept["unique"]
 
 
-_RISK_JSON = json.JSONEncoder(sort_keys=True).encode  # json.dumps(..., sort_keys=True) without an encoder per call
 _PREDICTION_FIELDS = len(PredictionRecord._fields)
 
 
@@ -295,7 +294,7 @@ def prediction_batch(rows: Sequence[tuple[Any, ...]], ingested_at: datetime) -> 
             "window_start": pa.array(columns.window_start_us, UTC_MICROS),
             "window_end": pa.array(columns.window_end_us, UTC_MICROS),
             "horizon_h": pa.array(columns.horizon_h, pa.float64()),
-            "risk": pa.array([_RISK_JSON(dict(risk)) for risk in columns.risk], pa.string()),
+            "risk": pa.array([risk_json(risk) for risk in columns.risk], pa.string()),
             "max_risk": pa.array([top[1] for top in tops], pa.float64()),
             "top_kind": pa.array([top[0] for top in tops], pa.string()),
             "model_name": pa.array(columns.model_name, pa.string()),

@@ -54,6 +54,17 @@ def iso(micros: int) -> str:
     return from_micros(micros).isoformat().replace("+00:00", "Z")
 
 
+def risk_json(risk: RiskPairs) -> str:
+    """``json.dumps(dict(risk), sort_keys=True)``, for the store's ``risk`` column, without the encoder's cost: the
+    kinds are validated identifiers (``[A-Za-z0-9_.:-]``, nothing to escape), already sorted, and the values finite
+    floats, which JSON writes as their repr.
+
+    >>> risk_json((("bearing", 0.25), ("failure", 1e-07)))
+    '{"bearing": 0.25, "failure": 1e-07}'
+    """
+    return "{" + ", ".join([f'"{kind}": {p!r}' for kind, p in risk]) + "}"
+
+
 class PredictionRecord(NamedTuple):
     edge_id: str
     seq: int
@@ -233,8 +244,6 @@ _PREDICTION_KEYS = frozenset(
     ("schema_version", "edge_id", "seq", "machine_id", "window_start", "window_end", "horizon_h", "risk",
      "model_name", "model_version", "emitted_at", "threshold", "reasons")
 )  # fmt: skip
-_REQUIRED_KEYS = frozenset(("edge_id", "seq", "machine_id", "window_start", "window_end", "horizon_h", "risk",
-                            "model_name", "model_version", "emitted_at"))  # fmt: skip
 _MAX_COUNT = 2**63 - 1
 _MAX_HORIZON_H = 24 * 365
 _SEEN_LIMIT = 65_536
@@ -243,6 +252,16 @@ _SEEN_LIMIT = 65_536
 # its first string kept, so records share their strings (smaller pickles at the shuffle, fewer objects).
 _identifiers: dict[str, str] = {}
 _instants: dict[str, int] = {}
+_versions: dict[str, str] = {}
+
+
+def _remember(seen: dict[str, Any], value: str, checked: Any) -> Any:
+    """Keeps ``value``'s checked form for the next time it comes (the table is emptied when full: a bound, not an
+    eviction policy)."""
+    if len(seen) >= _SEEN_LIMIT:
+        seen.clear()
+    seen[value] = checked
+    return checked
 
 
 def _identifier(value: object) -> str | None:
@@ -251,12 +270,7 @@ def _identifier(value: object) -> str | None:
     known = _identifiers.get(value)
     if known is not None:
         return known
-    if _IDENTIFIER.fullmatch(value) is None:
-        return None
-    if len(_identifiers) >= _SEEN_LIMIT:
-        _identifiers.clear()
-    _identifiers[value] = value
-    return value
+    return None if _IDENTIFIER.fullmatch(value) is None else _remember(_identifiers, value, value)
 
 
 def _instant_us(value: object) -> int | None:
@@ -272,11 +286,17 @@ def _instant_us(value: object) -> int | None:
         moment = datetime.fromisoformat(value)
     except ValueError:  # a day or hour that does not exist, an offset past 24 h
         return None
-    micros = to_micros(moment)
-    if len(_instants) >= _SEEN_LIMIT:
-        _instants.clear()
-    _instants[value] = micros
-    return micros
+    return _remember(_instants, value, to_micros(moment))
+
+
+def _model_version(value: object) -> str | None:
+    """``Prediction.model_version``: 1 to 64 characters (ASCII here; anything else takes the slow path)."""
+    if type(value) is not str:
+        return None
+    known = _versions.get(value)
+    if known is not None:
+        return known
+    return _remember(_versions, value, value) if 1 <= len(value) <= 64 and value.isascii() else None
 
 
 def _probability(value: object) -> float | None:
@@ -293,10 +313,15 @@ def prediction_tuple(value: bytes, partition: int, offset: int) -> tuple[Any, ..
         data = from_json(value, allow_inf_nan=False)  # pydantic's own JSON parser: the same reading of the bytes
     except ValueError:
         return None
-    if type(data) is not dict or not _REQUIRED_KEYS <= data.keys() <= _PREDICTION_KEYS:
+    if type(data) is not dict or not data.keys() <= _PREDICTION_KEYS or data.get("reasons") is not None:
         return None
-    if data.get("reasons") is not None:
+    try:
+        return _plain_prediction(data, partition, offset)
+    except KeyError:  # a required field is missing
         return None
+
+
+def _plain_prediction(data: dict[str, Any], partition: int, offset: int) -> tuple[Any, ...] | None:
     version = data.get("schema_version", 1)
     if type(version) is not int or version != 1:
         return None
@@ -309,16 +334,14 @@ def prediction_tuple(value: bytes, partition: int, offset: int) -> tuple[Any, ..
     threshold = data.get("threshold")
     if threshold is not None and (threshold := _probability(threshold)) is None:
         return None
-    model_version = data["model_version"]
-    if type(model_version) is not str or not 1 <= len(model_version) <= 64 or not model_version.isascii():
-        return None
+    model_version = _model_version(data["model_version"])
     edge_id = _identifier(data["edge_id"])
     machine_id = _identifier(data["machine_id"])
     model_name = _identifier(data["model_name"])
     start = _instant_us(data["window_start"])
     end = _instant_us(data["window_end"])
     emitted = _instant_us(data["emitted_at"])
-    if None in (edge_id, machine_id, model_name, start, end, emitted) or end < start:  # type: ignore[operator]
+    if None in (model_version, edge_id, machine_id, model_name, start, end, emitted) or end < start:  # type: ignore[operator]
         return None
     risk = data["risk"]
     if type(risk) is not dict or not risk:
