@@ -21,7 +21,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 from kafka import KafkaProducer
@@ -29,9 +28,8 @@ from kafka import KafkaProducer
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kafka_throughput import reachable_broker
+from kafka_throughput import own_topics
 
-from infra.kafka_admin import admin_client, ensure_topics
 from pipelines.run import RunReport, follow
 from precursor.contracts.messages import Prediction, encode
 from precursor.contracts.settings import KafkaSettings
@@ -108,18 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--poll", type=float, default=2.0, help="seconds between runs when nothing was new")
     parser.add_argument("--idle-exit", type=float, default=6.0, help="stop the pipeline after this long idle")
     args = parser.parse_args(argv)
-    with (
-        tempfile.TemporaryDirectory(prefix="precursor-bench-") as scratch,
-        reachable_broker(KafkaSettings(topic_prefix=f"bench{uuid.uuid4().hex[:6]}")) as (kafka, origin),
-    ):
-        print(f"broker:  {origin}")
-        specs = kafka.topics.specs()
-        ensure_topics(kafka, specs)
-        try:
-            delays, reports = measure(kafka, Path(scratch) / "store.duckdb", args)
-        finally:
-            with admin_client(kafka, timeout_s=10) as admin:
-                admin.delete_topics([spec.name for spec in specs])
+    with tempfile.TemporaryDirectory(prefix="precursor-bench-") as scratch, own_topics() as kafka:
+        delays, reports = measure(kafka, Path(scratch) / "store.duckdb", args)
     runs = [r.seconds for r in reports if r.read]
     print(
         f"{args.machines} alerts, qualifying predictions {args.every:g} s apart; poll {args.poll:g} s; "

@@ -28,7 +28,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -298,7 +297,7 @@ def table(c: Comparison) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from kafka_throughput import reachable_broker
+    from kafka_throughput import own_topics
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--machines", type=int, default=40)
@@ -307,22 +306,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--speedup", type=float, default=20_000.0, help="replay clock: simulated seconds per second")
     parser.add_argument("--poll", type=float, default=1.0, help="seconds between pipeline runs")
     args = parser.parse_args(argv)
-    from infra.kafka_admin import admin_client, ensure_topics
 
     config = fleet_config(args.machines, args.days, args.seed)
-    with (
-        tempfile.TemporaryDirectory(prefix="precursor-bench-") as scratch,
-        reachable_broker(KafkaSettings(topic_prefix=f"bench{uuid.uuid4().hex[:6]}")) as (kafka, origin),
-    ):
-        print(f"broker:  {origin}")
-        specs = kafka.topics.specs()
-        ensure_topics(kafka, specs)
+    with tempfile.TemporaryDirectory(prefix="precursor-bench-") as scratch, own_topics() as kafka:
         started = time.perf_counter()
-        try:
-            c = run_experiment(config, kafka, Path(scratch), speedup=args.speedup, poll_s=args.poll)
-        finally:
-            with admin_client(kafka, timeout_s=10) as admin:
-                admin.delete_topics([spec.name for spec in specs])
+        c = run_experiment(config, kafka, Path(scratch), speedup=args.speedup, poll_s=args.poll)
     delays = sorted(c.delays_s)
     p95 = delays[min(len(delays) - 1, round(0.95 * (len(delays) - 1)))] if delays else float("nan")
     print(

@@ -31,7 +31,6 @@ import platform  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-import uuid  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from datetime import UTC, datetime  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -40,14 +39,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from edge_ingest import cpu_name  # noqa: E402
 from kafka import KafkaProducer  # noqa: E402
-from kafka_throughput import predictions, reachable_broker  # noqa: E402
+from kafka_throughput import cpu_name, own_topics, predictions  # noqa: E402
 from pipeline_throughput import failure_events  # noqa: E402
 
 from infra.energy import Cost, CostMeter, EnergySettings, cores, estimate  # noqa: E402
-from infra.kafka_admin import admin_client, ensure_topics  # noqa: E402
-from precursor.contracts.settings import KafkaSettings  # noqa: E402
 from precursor.demo import DEMO_TRAINING, EVERY_H, HORIZON_H, WINDOW_H  # noqa: E402
 from precursor.simulator import FleetConfig, write_fleet  # noqa: E402
 
@@ -152,10 +148,7 @@ def ingest(messages: int, energy: EnergySettings) -> Row:
     from precursor.store.queries import reading
     from precursor.store.runs import last_run
 
-    base = KafkaSettings(topic_prefix=f"cost-{uuid.uuid4().hex[:8]}")
-    with reachable_broker(base) as (settings, origin), tempfile.TemporaryDirectory() as tmp:
-        print(f"broker:  {origin}")
-        ensure_topics(settings, settings.topics.specs())
+    with own_topics("cost") as settings, tempfile.TemporaryDirectory() as tmp:
         producer = KafkaProducer(**settings.client_kwargs(), acks="all", linger_ms=20, batch_size=256 * 1024)
         for key, value in predictions(messages):
             producer.send(settings.topics.predictions, key=key, value=value)
@@ -167,8 +160,6 @@ def ingest(messages: int, energy: EnergySettings) -> Row:
         report = run_once(settings, store)
         with reading(store) as reader:
             recorded = last_run(reader, CONSUMER)
-        with admin_client(settings, timeout_s=10) as admin:
-            admin.delete_topics([s.name for s in settings.topics.specs()], raise_errors=False)
     assert recorded is not None
     cost = estimate(
         recorded["cpu_s"], recorded["predictions_read"], energy_j=recorded["energy_j"], model=energy.power_model()

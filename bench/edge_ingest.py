@@ -39,6 +39,9 @@ import numpy as np  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kafka_throughput import cpu_name  # noqa: E402
 
 START = 1_767_225_600  # 2026-01-01T00:00:00Z
 
@@ -207,15 +210,6 @@ def run_agent(
         quarantined=stats.quarantined,
         summaries=stats.summaries,
     )
-
-
-def cpu_name() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> None:

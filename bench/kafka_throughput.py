@@ -92,6 +92,21 @@ def reachable_broker(settings: KafkaSettings) -> Iterator[tuple[KafkaSettings, s
             broker.down(report=print)
 
 
+@contextmanager
+def own_topics(prefix: str = "bench") -> Iterator[KafkaSettings]:
+    """The project's topics under a prefix of this run's own (``prefix`` and a random tail), on a broker that answers
+    (:func:`reachable_broker`); deleted again at the end, so a shared broker does not collect them."""
+    with reachable_broker(KafkaSettings(topic_prefix=f"{prefix}{uuid.uuid4().hex[:6]}")) as (kafka, origin):
+        print(f"broker:  {origin}")
+        specs = kafka.topics.specs()
+        ensure_topics(kafka, specs)
+        try:
+            yield kafka
+        finally:
+            with admin_client(kafka, timeout_s=10) as admin:
+                admin.delete_topics([spec.name for spec in specs], raise_errors=False)
+
+
 def resident_mib(pid: int | None) -> str:
     status = Path(f"/proc/{pid}/status")
     if pid is None or not status.exists():
@@ -131,6 +146,7 @@ def consume(settings: KafkaSettings, topic: str, partitions: int, expected: int)
 
 
 def cpu_name() -> str:
+    """The processor's model name, for the line that says where a benchmark ran."""
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         for line in cpuinfo.read_text().splitlines():

@@ -20,9 +20,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -31,9 +28,10 @@ from kafka import KafkaProducer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from infra.kafka_admin import admin_client, broker_reachable, ensure_topics  # noqa: E402
-from infra.kafka_broker import LocalKafka, free_ports  # noqa: E402
+from kafka_throughput import own_topics  # noqa: E402
+
 from precursor.api.app import create_app  # noqa: E402
 from precursor.api.settings import ApiSettings  # noqa: E402
 from precursor.contracts.messages import Prediction, encode  # noqa: E402
@@ -42,29 +40,6 @@ from tests.fixtures_api import fill_store, serving  # noqa: E402
 from tests.fixtures_browser import headless_chromium  # noqa: E402
 
 TOKEN = "bench-token-0123456789abcdef"
-
-
-@contextmanager
-def broker(settings: KafkaSettings) -> Iterator[KafkaSettings]:
-    if broker_reachable(settings, timeout_s=2):
-        print(f"broker: existing one at {settings.bootstrap_servers}")
-        yield settings
-        return
-    shared = Path(os.environ.get("PRECURSOR_STATE_DIR", REPO_ROOT / ".state"))
-    with tempfile.TemporaryDirectory(prefix="precursor-bench-") as state_dir:
-        port, controller_port = free_ports(2)
-        local = LocalKafka(
-            state_dir=state_dir,
-            port=port,
-            controller_port=controller_port,
-            lib_dir=LocalKafka(state_dir=shared).jars_root,
-        )
-        local.up(timeout_s=120)
-        print(f"broker: a local one started for this run at {local.bootstrap}")
-        try:
-            yield local.kafka_settings(settings.topic_prefix)
-        finally:
-            local.down()
 
 
 def listen(base: str, out: list[float], ready: threading.Event, stop: threading.Event) -> None:
@@ -103,18 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--every", type=float, default=0.2, help="seconds between predictions")
     parser.add_argument("--poll-ms", type=int, default=200, help="the server's Kafka poll timeout")
     args = parser.parse_args(argv)
-    with (
-        tempfile.TemporaryDirectory(prefix="precursor-bench-") as scratch,
-        broker(KafkaSettings(topic_prefix=f"bench{uuid.uuid4().hex[:6]}")) as kafka,
-    ):
-        specs = kafka.topics.specs()
-        ensure_topics(kafka, specs)
-        try:
-            browser_delays, sse_delays = measure(kafka, Path(scratch), args)
-        finally:
-            # Topics of this run's own prefix: removed again, so a shared broker does not collect them.
-            with admin_client(kafka, timeout_s=10) as admin:
-                admin.delete_topics([spec.name for spec in specs])
+    with tempfile.TemporaryDirectory(prefix="precursor-bench-") as scratch, own_topics() as kafka:
+        browser_delays, sse_delays = measure(kafka, Path(scratch), args)
     load = os.getloadavg()[0]
     print(
         f"{args.messages} predictions, {args.every:g} s apart; server poll {args.poll_ms} ms; load average {load:.1f}"
