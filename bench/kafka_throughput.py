@@ -15,7 +15,7 @@ import platform
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -73,6 +73,17 @@ def reachable_broker(settings: KafkaSettings) -> Iterator[tuple[KafkaSettings, s
     if broker_reachable(settings, timeout_s=2):
         yield settings, f"existing broker at {settings.bootstrap_servers}"
         return
+    started = time.perf_counter()
+    with local_broker() as broker:
+        origin = f"local Kafka {kafka_version()} started for this run in {time.perf_counter() - started:.1f} s"
+        yield broker.kafka_settings(settings.topic_prefix), origin
+        print(f"broker:  resident memory after the run {resident_mib(broker.status().pid)}")
+
+
+@contextmanager
+def local_broker(report: Callable[[str], None] = print) -> Iterator[LocalKafka]:
+    """A broker of this run's own, up on free ports in a temporary folder with the jars the project already
+    resolved; stopped and its folder removed at the end."""
     shared_state = Path(os.environ.get("PRECURSOR_STATE_DIR", REPO_ROOT / ".state"))
     with tempfile.TemporaryDirectory(prefix="precursor-bench-") as state_dir:
         port, controller_port = free_ports(2)
@@ -82,14 +93,11 @@ def reachable_broker(settings: KafkaSettings) -> Iterator[tuple[KafkaSettings, s
             controller_port=controller_port,
             lib_dir=LocalKafka(state_dir=shared_state).jars_root,
         )
-        started = time.perf_counter()
-        broker.up(timeout_s=120, report=print)
-        origin = f"local Kafka {kafka_version()} started for this run in {time.perf_counter() - started:.1f} s"
+        broker.up(timeout_s=120, report=report)
         try:
-            yield broker.kafka_settings(settings.topic_prefix), origin
-            print(f"broker:  resident memory after the run {resident_mib(broker.status().pid)}")
+            yield broker
         finally:
-            broker.down(report=print)
+            broker.down(report=report)
 
 
 @contextmanager

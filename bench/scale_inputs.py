@@ -36,12 +36,13 @@ import pyarrow as pa
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
+from kafka_throughput import local_broker  # noqa: E402
 
 from edge_agent.identity import EdgeIdentity, agent_build  # noqa: E402
 from edge_agent.publisher import KafkaPublisher  # noqa: E402
-from infra.kafka_broker import LocalKafka, free_ports  # noqa: E402
 from infra.postgres_server import LocalPostgres  # noqa: E402
 from pipelines.ingest import heartbeat_batch, prediction_batch  # noqa: E402
 from pipelines.records import heartbeat_record, prediction_record  # noqa: E402
@@ -187,35 +188,23 @@ def wire_sizes(explained: float) -> dict[str, float]:
 
 def kafka_log_bytes(count: int, explained: float) -> None:
     """Bytes per prediction in the broker's log (one replica), sent by the edge's own publisher."""
-    shared_state = Path(os.environ.get("PRECURSOR_STATE_DIR", REPO_ROOT / ".state"))
-    with tempfile.TemporaryDirectory(prefix="scale-kafka-") as state_dir:
-        port, controller_port = free_ports(2)
-        broker = LocalKafka(
-            state_dir=state_dir,
-            port=port,
-            controller_port=controller_port,
-            lib_dir=LocalKafka(state_dir=shared_state).jars_root,
+    with local_broker(report=lambda _: None) as broker:
+        settings = broker.kafka_settings()
+        publisher = KafkaPublisher(settings)
+        payload = 0
+        for p in predictions(count, model="lm", explained=explained):
+            value = encode(p)
+            payload += len(value)
+            publisher.send(p)
+        publisher.close()
+        time.sleep(1)  # the broker appends to its segment files as it acknowledges; nothing is left to flush
+        logs = [f for f in broker.data_dir.glob(f"{settings.topics.predictions}-*/*.log") if f.is_file()]
+        on_disk = sum(f.stat().st_size for f in logs)
+        print(
+            f"kafka log: {count:,} predictions ({explained:.0%} explained) -> {on_disk:,} bytes in "
+            f"{len(logs)} partition logs: {on_disk / count:.0f} bytes per message on disk "
+            f"(value {payload / count:.0f}, so {(on_disk - payload) / count:.0f} bytes of key and framing)"
         )
-        broker.up(timeout_s=120, report=lambda _: None)
-        try:
-            settings = broker.kafka_settings()
-            publisher = KafkaPublisher(settings)
-            payload = 0
-            for p in predictions(count, model="lm", explained=explained):
-                value = encode(p)
-                payload += len(value)
-                publisher.send(p)
-            publisher.close()
-            time.sleep(1)  # the broker appends to its segment files as it acknowledges; nothing is left to flush
-            logs = [f for f in broker.data_dir.glob(f"{settings.topics.predictions}-*/*.log") if f.is_file()]
-            on_disk = sum(f.stat().st_size for f in logs)
-            print(
-                f"kafka log: {count:,} predictions ({explained:.0%} explained) -> {on_disk:,} bytes in "
-                f"{len(logs)} partition logs: {on_disk / count:.0f} bytes per message on disk "
-                f"(value {payload / count:.0f}, so {(on_disk - payload) / count:.0f} bytes of key and framing)"
-            )
-        finally:
-            broker.down(report=lambda _: None)
 
 
 def in_batches(records: Iterator[tuple], to_table: Callable[[list, datetime], pa.Table]) -> list[pa.Table]:
