@@ -189,7 +189,8 @@ class ReadKafkaRanges(beam.PTransform):
         self._reader = ReadPartitionChunks if chunked else ReadPartitionRange
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
-        ranges = pbegin | "PlanPartitions" >> beam.Create(self._ranges)
+        # Create would add a reshuffle of its own for more than one range: the one below, where it helps, is enough.
+        ranges = pbegin | "PlanPartitions" >> beam.Create(self._ranges, reshuffle=False)
         if not isinstance(pbegin.pipeline.runner, FnApiRunner):
             # Each range is read by one worker; a reshuffle spreads partitions over workers on a distributed runner.
             # The in-process runner has one worker, and building and running the reshuffle's five steps cost more

@@ -273,8 +273,9 @@ def _identifier(value: object) -> str | None:
     return None if _IDENTIFIER.fullmatch(value) is None else _remember(_identifiers, value, value)
 
 
-def _instant_us(value: object) -> int | None:
-    """Epoch microseconds of an RFC 3339 time with a zone (``Z`` or ``±hh:mm``), seconds and up to 6 decimals."""
+def _instant_us(value: object, remember: bool = True) -> int | None:
+    """Epoch microseconds of an RFC 3339 time with a zone (``Z`` or ``±hh:mm``), seconds and up to 6 decimals.
+    ``remember``: keep it for the next time it comes (window bounds come again; send times hardly ever)."""
     if type(value) is not str:
         return None
     known = _instants.get(value)
@@ -286,7 +287,8 @@ def _instant_us(value: object) -> int | None:
         moment = datetime.fromisoformat(value)
     except ValueError:  # a day or hour that does not exist, an offset past 24 h
         return None
-    return _remember(_instants, value, to_micros(moment))
+    micros = to_micros(moment)
+    return _remember(_instants, value, micros) if remember else micros
 
 
 def _model_version(value: object) -> str | None:
@@ -340,7 +342,7 @@ def _plain_prediction(data: dict[str, Any], partition: int, offset: int) -> tupl
     model_name = _identifier(data["model_name"])
     start = _instant_us(data["window_start"])
     end = _instant_us(data["window_end"])
-    emitted = _instant_us(data["emitted_at"])
+    emitted = _instant_us(data["emitted_at"], remember=False)
     if None in (model_version, edge_id, machine_id, model_name, start, end, emitted) or end < start:  # type: ignore[operator]
         return None
     risk = data["risk"]
