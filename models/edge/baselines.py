@@ -24,6 +24,16 @@ from models.edge.scoring import Risk, Window
 from precursor.contracts.outcomes import ANY_FAILURE
 
 
+def z_risk(z: np.ndarray, *, midpoint: float, steepness: float) -> Risk:
+    """Per-sensor z-scores as a risk: their mean (over the sensors that have one, each capped at 50) on a logistic
+    curve that crosses 0.5 at ``midpoint``; 0 where no sensor has one."""
+    z = z[np.isfinite(z)]
+    if z.size == 0:
+        return {ANY_FAILURE: 0.0}
+    drift = float(np.mean(np.minimum(z, 50.0)))
+    return {ANY_FAILURE: 1.0 / (1.0 + math.exp(-steepness * (drift - midpoint)))}
+
+
 @dataclass
 class DriftZScore:
     """Risk from drift against the machine's own first ``reference_points`` readings in the window.
@@ -60,11 +70,7 @@ class DriftZScore:
             std = np.nanstd(ref, axis=0)
             scale = np.where(np.isfinite(std) & (std > 1e-9), std, np.nan)
             z = np.abs(np.nanmean(recent, axis=0) - mean) / scale
-            z = z[np.isfinite(z)]
-        if z.size == 0:
-            return {ANY_FAILURE: 0.0}
-        drift = float(np.mean(np.minimum(z, 50.0)))
-        return {ANY_FAILURE: 1.0 / (1.0 + math.exp(-self.steepness * (drift - self.midpoint)))}
+        return z_risk(z, midpoint=self.midpoint, steepness=self.steepness)
 
     def score_many(self, windows: Sequence[Window]) -> list[Risk]:
         return [self.score(w) for w in windows]
@@ -115,11 +121,7 @@ class ZScoreRule:
         with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", category=RuntimeWarning)
             z = np.abs(self._latest(window) - self._mean) / np.where(self._std > 1e-9, self._std, np.nan)
-            z = z[np.isfinite(z)]
-        if z.size == 0:
-            return {ANY_FAILURE: 0.0}
-        drift = float(np.mean(np.minimum(z, 50.0)))
-        return {ANY_FAILURE: 1.0 / (1.0 + math.exp(-self.steepness * (drift - self.midpoint)))}
+        return z_risk(z, midpoint=self.midpoint, steepness=self.steepness)
 
     def score_many(self, windows: Sequence[Window]) -> list[Risk]:
         return [self.score(w) for w in windows]
