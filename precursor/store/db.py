@@ -27,7 +27,7 @@ import duckdb
 import pyarrow as pa
 
 from precursor.store.errors import StoreBusy
-from precursor.store.ledger import LEDGER_INSERT, LEDGER_TABLE, Coverage, Spans, consumed
+from precursor.store.ledger import LEDGER_COLUMNS, LEDGER_INSERT, LEDGER_TABLE, Coverage, Spans, consumed
 from precursor.store.location import StoreLocation, is_postgres, redact
 
 HEARTBEATS_TABLE = """
@@ -353,31 +353,43 @@ def is_postgres_connection(con: Any) -> bool:
 def _insert(con: Any, table: str, batch: pa.Table, *, replace: bool, covers: Coverage | None) -> int:
     """``batch`` into ``table`` and the ledger rows of ``covers``, in one transaction; returns the rows written."""
     ledger = covers.rows(datetime.now(UTC)) if covers else []
-    if batch.num_rows == 0:
-        if ledger:
-            with _transaction(con):
-                con.executemany(LEDGER_INSERT, ledger)
-        return 0
     if is_postgres_connection(con):
+        if batch.num_rows == 0:
+            if ledger:
+                with _transaction(con):
+                    con.executemany(LEDGER_INSERT, ledger)
+            return 0
         from precursor.store import postgres
 
         after = LATEST_PREDICTIONS_UPSERT if table == "predictions" else None
         return postgres.insert_table(con, table, batch, replace=replace, after=after, ledger=ledger)
-    columns = ", ".join(batch.column_names)
-    verb = "INSERT OR REPLACE" if replace else "INSERT"
-    conflict = "" if replace else " ON CONFLICT DO NOTHING"
-    con.register("incoming", batch)
+    # DuckDB takes the ledger rows as one Arrow table (its executemany runs the statement once per row, about 2 ms
+    # each). Both tables are registered outside the transaction: a failed one refuses every call until it is rolled
+    # back, unregistering included, which would hide the error that failed it.
+    registered = []
+    if batch.num_rows:
+        con.register("incoming", batch)
+        registered.append("incoming")
+    if ledger:
+        con.register("ledger_rows", pa.table(list(zip(*ledger, strict=True)), names=LEDGER_COLUMNS))
+        registered.append("ledger_rows")
+    written = None
     try:
         with _transaction(con):
-            written = con.execute(
-                f"{verb} INTO {table} ({columns}) SELECT {columns} FROM incoming{conflict}"
-            ).fetchone()
-            if table == "predictions":
-                con.execute(LATEST_PREDICTIONS_UPSERT)
+            if batch.num_rows:
+                columns = ", ".join(batch.column_names)
+                verb = "INSERT OR REPLACE" if replace else "INSERT"
+                conflict = "" if replace else " ON CONFLICT DO NOTHING"
+                written = con.execute(
+                    f"{verb} INTO {table} ({columns}) SELECT {columns} FROM incoming{conflict}"
+                ).fetchone()
+                if table == "predictions":
+                    con.execute(LATEST_PREDICTIONS_UPSERT)
             if ledger:
-                con.executemany(LEDGER_INSERT, ledger)
+                con.execute(f"INSERT INTO consumed_ranges ({', '.join(LEDGER_COLUMNS)}) SELECT * FROM ledger_rows")
     finally:
-        con.unregister("incoming")
+        for name in registered:
+            con.unregister(name)
     return int(written[0]) if written else 0
 
 

@@ -51,7 +51,8 @@ CREATE TABLE IF NOT EXISTS consumed_ranges (
 );
 """
 
-LEDGER_INSERT = "INSERT INTO consumed_ranges VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+LEDGER_COLUMNS = ("consumer", "topic", "partition", "first_offset", "end_offset", "spans", "records", "written_at")
+LEDGER_INSERT = f"INSERT INTO consumed_ranges ({', '.join(LEDGER_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 
 
 def spans_of(offsets: Iterable[int]) -> Spans:
