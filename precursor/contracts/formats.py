@@ -24,17 +24,19 @@ import csv
 import itertools
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from precursor.contracts.messages import ContractError, Event, TelemetryReading, validate
 
 KEY_COLUMNS = ("timestamp", "machine_id")
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -135,36 +137,39 @@ def _rows(path: Path) -> Iterator[tuple[int, str, dict[str, Any] | None, str | N
             yield line, raw, dict(zip(header, row_values, strict=True)), None
 
 
-def iter_telemetry(path: str | Path) -> Iterator[TelemetryReading | RowError]:
-    """Each row of a telemetry file as a reading, or a :class:`RowError` saying what was wrong with it."""
+def _parsed(path: str | Path, parse: Callable[[dict[str, Any]], T]) -> Iterator[T | RowError]:
+    """Each row of a CSV file through ``parse``, or a :class:`RowError` where the row or its parsing failed."""
     path = Path(path)
     for line, raw, row, error in _rows(path):
         if row is None:
             yield RowError(str(path), line, raw, error or "unreadable")
             continue
         try:
-            yield reading_from_row(row)
+            yield parse(row)
         except (ValueError, ContractError) as err:
             yield RowError(str(path), line, raw, str(err))
+
+
+def iter_telemetry(path: str | Path) -> Iterator[TelemetryReading | RowError]:
+    """Each row of a telemetry file as a reading, or a :class:`RowError` saying what was wrong with it."""
+    return _parsed(path, reading_from_row)
+
+
+def event_from_row(row: dict[str, Any]) -> Event:
+    """One row of an events file (timestamp, machine_id, event) as an :class:`Event`."""
+    return validate(
+        Event,
+        {
+            "timestamp": parse_timestamp(row.get("timestamp", "")),
+            "machine_id": row.get("machine_id"),
+            "event": str(row.get("event", "")).strip(),
+        },
+    )
 
 
 def iter_events(path: str | Path) -> Iterator[Event | RowError]:
-    path = Path(path)
-    for line, raw, row, error in _rows(path):
-        if row is None:
-            yield RowError(str(path), line, raw, error or "unreadable")
-            continue
-        try:
-            yield validate(
-                Event,
-                {
-                    "timestamp": parse_timestamp(row.get("timestamp", "")),
-                    "machine_id": row.get("machine_id"),
-                    "event": str(row.get("event", "")).strip(),
-                },
-            )
-        except (ValueError, ContractError) as err:
-            yield RowError(str(path), line, raw, str(err))
+    """Each row of an events file as an event, or a :class:`RowError` saying what was wrong with it."""
+    return _parsed(path, event_from_row)
 
 
 def read_events(path: str | Path) -> list[Event]:
