@@ -43,13 +43,17 @@ BrokersOption = Annotated[
 ]
 
 
+def _problems(err: ValidationError) -> str:
+    # Without the values given: the broker's settings hold its admin password.
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in err.errors())
+
+
 def _broker(state_dir: Path | None, port: int | None, controller_port: int | None, **more: Any) -> LocalKafka:
     given = {"state_dir": state_dir, "port": port, "controller_port": controller_port, **more}
     try:
         return LocalKafka(**{name: value for name, value in given.items() if value is not None})
     except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in err.errors())
-        raise fail(problems) from None
+        raise fail(_problems(err)) from None
 
 
 def _cluster(brokers: int, state_dir: Path | None, port: int | None, **more: Any) -> LocalKafkaCluster:
@@ -66,8 +70,7 @@ def _cluster(brokers: int, state_dir: Path | None, port: int | None, **more: Any
             **{name: value for name, value in given.items() if value is not None},
         )
     except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in err.errors())
-        raise fail(problems) from None
+        raise fail(_problems(err)) from None
 
 
 @kafka_app.command()
