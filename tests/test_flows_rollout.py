@@ -11,7 +11,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from flows.rollout import CanaryWatch, KafkaHeartbeats, KafkaReleaseChannel, staged_rollout
+from flows.rollout import CanaryWatch, KafkaHeartbeats, KafkaReleaseChannel, RolloutReport, staged_rollout
 from models.edge.releases import ReleaseSigner, verify_release_statement
 from models.edge.signing import key_id
 from precursor.contracts.messages import Heartbeat, ModelRelease, decode, encode
@@ -227,10 +227,11 @@ def test_through_kafka_a_healthy_canary_promotes_and_a_failing_one_rolls_back(
     kafka_settings: KafkaSettings, edges: dict[str, FollowingEdge]
 ) -> None:
     channel = KafkaReleaseChannel(kafka_settings)
-    try:
-        good = staged_rollout(
-            release("2"),
-            release("1"),
+
+    def roll_out(new: str, current: str) -> RolloutReport:
+        return staged_rollout(
+            release(new),
+            release(current),
             channel,
             lambda: KafkaHeartbeats(kafka_settings),
             canary_edges=["canary-1"],
@@ -238,26 +239,21 @@ def test_through_kafka_a_healthy_canary_promotes_and_a_failing_one_rolls_back(
             healthy_heartbeats=2,
             poll_s=0.2,
         )
-        assert good.outcome == "released", good.reason
+
+    def settle(edge: str, version: str) -> None:
         deadline = time.monotonic() + 30
-        while edges["plant-2"].running != "2" and time.monotonic() < deadline:
+        while edges[edge].running != version and time.monotonic() < deadline:
             time.sleep(0.1)
+
+    try:
+        good = roll_out("2", "1")
+        assert good.outcome == "released", good.reason
+        settle("plant-2", "2")
         assert edges["plant-2"].applied == ["2"]  # only the fleet-wide release, never the canary one
 
-        bad = staged_rollout(
-            release("3"),
-            release("2"),
-            channel,
-            lambda: KafkaHeartbeats(kafka_settings),
-            canary_edges=["canary-1"],
-            deadline_s=60,
-            healthy_heartbeats=2,
-            poll_s=0.2,
-        )
+        bad = roll_out("3", "2")
         assert bad.outcome == "rolled_back", bad.reason
-        deadline = time.monotonic() + 30
-        while edges["canary-1"].running != "2" and time.monotonic() < deadline:
-            time.sleep(0.1)
+        settle("canary-1", "2")
         assert edges["canary-1"].applied == ["2", "2", "3", "2"]
         assert "3" not in edges["plant-2"].applied
     finally:
