@@ -48,10 +48,14 @@ def _problems(err: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in err.errors())
 
 
+def _given(**options: Any) -> dict[str, Any]:
+    """The options given on the command line; one left at None takes the settings' variable or default."""
+    return {name: value for name, value in options.items() if value is not None}
+
+
 def _broker(state_dir: Path | None, port: int | None, controller_port: int | None, **more: Any) -> LocalKafka:
-    given = {"state_dir": state_dir, "port": port, "controller_port": controller_port, **more}
     try:
-        return LocalKafka(**{name: value for name, value in given.items() if value is not None})
+        return LocalKafka(**_given(state_dir=state_dir, port=port, controller_port=controller_port, **more))
     except ValidationError as err:
         raise fail(_problems(err)) from None
 
@@ -59,16 +63,16 @@ def _broker(state_dir: Path | None, port: int | None, controller_port: int | Non
 def _cluster(brokers: int, state_dir: Path | None, port: int | None, **more: Any) -> LocalKafkaCluster:
     # The state folder and topic prefix follow the single broker's settings (and their environment variables).
     single = _broker(state_dir, None, None)
-    given = {"first_port": port, **more}
+    settings = {
+        "brokers": brokers,
+        "state_dir": single.state_dir,
+        "host": single.host,
+        "topic_prefix": single.topic_prefix,
+        "lib_dir": single.jars_root,
+        **_given(first_port=port, **more),
+    }
     try:
-        return LocalKafkaCluster(
-            brokers=brokers,
-            state_dir=single.state_dir,
-            host=single.host,
-            topic_prefix=single.topic_prefix,
-            lib_dir=single.jars_root,
-            **{name: value for name, value in given.items() if value is not None},
-        )
+        return LocalKafkaCluster(**settings)
     except ValidationError as err:
         raise fail(_problems(err)) from None
 
