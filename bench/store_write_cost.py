@@ -72,7 +72,6 @@ def measure(location: str | Path, work: list[tuple[pa.Table, Coverage]], variant
 
         def write(batch: pa.Table, covers: Coverage) -> None:
             writer.insert_table("predictions", batch, covers=covers if with_offsets else None)
-            writer.release()  # each write its own bundle: DuckDB lets the file go, PostgreSQL keeps the connection
 
         return per_write_ms(write, work)
     finally:

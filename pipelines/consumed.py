@@ -62,7 +62,6 @@ class CoverOffsets(beam.DoFn):
         assert self._writer is not None
         if self._positions:
             self._writer.cover(Coverage.of(self._consumers, self._topic, self._positions))
-            self._writer.release()
         self._positions = []
 
     def teardown(self) -> None:
@@ -101,7 +100,6 @@ class ProduceCoveredDeadLetters(ProduceToKafka):
             for topic in sorted({t for t, _, _ in self._sources}):
                 positions = [(p, o) for t, p, o in self._sources if t == topic]
                 self._writer.cover(Coverage.of(self._consumers, topic, positions))
-            self._writer.release()
         self._sources = []
 
     def teardown(self) -> None:

@@ -381,7 +381,8 @@ class WriteToStore(beam.DoFn):
     With a ``topic``, each insert also records the Kafka positions of its records (at ``arrival``: partition, then
     offset) as consumed by ``consumer``, in the rows' own transaction (:mod:`precursor.store.ledger`): a write that
     did not commit leaves neither, so the next run stores exactly what is missing. One store connection per writer
-    (:class:`precursor.store.db.StoreWriter`): for its life on PostgreSQL, per bundle on DuckDB."""
+    for its life on PostgreSQL; on DuckDB the file is held only for each write (:class:`precursor.store.db.StoreWriter`
+    says why)."""
 
     def __init__(
         self,
@@ -421,8 +422,6 @@ class WriteToStore(beam.DoFn):
 
     def finish_bundle(self) -> None:
         self._flush()
-        if self._writer is not None:
-            self._writer.release()
 
     def teardown(self) -> None:
         if self._writer is not None:

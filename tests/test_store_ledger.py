@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+import duckdb
 import pyarrow as pa
 import pytest
 from hypothesis import given
@@ -78,23 +79,26 @@ def test_the_next_start_is_the_consumed_prefix_and_a_record_counts_once_every_st
     assert store.offsets("ingest", TOPIC) == {0: 8}  # never backwards
 
 
-def test_a_writer_keeps_one_connection_where_the_backend_allows_it(new_store: NewStore) -> None:
+def test_a_writer_keeps_its_connection_on_postgresql_and_lets_a_duckdb_file_go_after_each_write(
+    new_store: NewStore,
+) -> None:
     location = new_store("writer")
     writer = StoreWriter(location)
     try:
         writer.insert_table("events", events([0]), covers=Coverage.of(["ingest"], TOPIC, [(0, 0)]))
         first = writer._con
-        writer.insert_table("events", events([1]), covers=Coverage.of(["ingest"], TOPIC, [(0, 1)]))
-        assert writer._con is first  # within a bundle, one connection
-        writer.release()
+        writer.cover(Coverage.of(["ingest"], TOPIC, [(0, 1)]))
+        writer.insert_table("events", events([2]), covers=Coverage.of(["ingest"], TOPIC, [(0, 2)]))
         if isinstance(location, str):
-            assert writer._con is first  # PostgreSQL: kept for the writer's life
+            assert first is not None and writer._con is first  # PostgreSQL: one connection for the writer's life
         else:
-            assert writer._con is None  # DuckDB: the file is let go at the bundle's end, for other processes
+            assert first is None and writer._con is None  # DuckDB: the file is free between writes
+            with duckdb.connect(str(location)) as other:  # as another process would open it
+                assert other.execute("SELECT count(*) FROM events").fetchone() == (2,)
     finally:
         writer.close()
-    assert counts(location) == (2, 2)
-    assert PredictionStore(location).consumed("ingest", TOPIC) == {0: [(0, 2)]}
+    assert counts(location) == (2, 3)
+    assert PredictionStore(location).consumed("ingest", TOPIC) == {0: [(0, 3)]}
 
 
 spans = st.lists(st.integers(0, 60), max_size=40).map(spans_of)

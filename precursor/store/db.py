@@ -394,13 +394,14 @@ def _insert(con: Any, table: str, batch: pa.Table, *, replace: bool, covers: Cov
 
 
 class StoreWriter:
-    """Many writes over one connection, for a pipeline stage that writes again and again.
+    """Many writes, for a pipeline stage that writes again and again (a DoFn keeps one from setup to teardown).
 
-    On PostgreSQL the connection stays open until :meth:`close` (a DoFn's teardown): many writers share the server,
-    and a new connection costs a password exchange. On DuckDB it is held only from a write until :meth:`release` (a
-    bundle's end): the file takes one writing process at a time, so a connection kept for a worker's life would lock
-    out the workers in other processes (a Flink cluster's) and every reader; within the process, writers take turns
-    by the store's writer lock (:func:`connect`) for as long as they hold it.
+    On PostgreSQL they share one connection, open until :meth:`close`: many writers share the server, and a new
+    connection costs a password exchange (about half of a 500-row write, ``bench/store_write_cost.py``). On DuckDB each
+    write opens the file and lets it go at once, as a one-off write does: the file takes one writing process at a
+    time, so a connection held any longer (a worker's life, or a bundle while it waits for more input) would lock out
+    the workers in other processes (a Flink cluster's) and every reader, and within the process hold the writer lock
+    (:func:`connect`) that the other stages' writers wait on.
     """
 
     def __init__(self, location: StoreLocation) -> None:
@@ -411,13 +412,6 @@ class StoreWriter:
     def __repr__(self) -> str:
         return f"StoreWriter({redact(self.location)!r})"
 
-    def _connection(self) -> Any:
-        if self._con is None:
-            stack = ExitStack()
-            self._con = stack.enter_context(connect(self.location))
-            self._open = stack
-        return self._con
-
     def insert_table(
         self, table: str, batch: pa.Table, *, replace: bool = False, covers: Coverage | None = None
     ) -> int:
@@ -427,26 +421,26 @@ class StoreWriter:
             raise ValueError(f"table={table!r}: not a store table; one of {sorted(WRITABLE_TABLES)}")
         if batch.num_rows == 0 and not covers:
             return 0
-        try:
-            return _insert(self._connection(), table, batch, replace=replace, covers=covers)
-        except BaseException:
-            self.close()  # a connection that failed mid-write is not reused
-            raise
+        return self._write(table, batch, replace, covers)
 
     def cover(self, covers: Coverage) -> None:
         """Record positions that became no row (dead letters, dropped duplicates) as consumed."""
-        if not covers:
-            return
-        try:
-            _insert(self._connection(), "ledger only", pa.table({}), replace=False, covers=covers)
-        except BaseException:
-            self.close()
-            raise
+        if covers:
+            self._write("ledger only", pa.table({}), False, covers)
 
-    def release(self) -> None:
-        """The end of a bundle: a DuckDB file is let go; a PostgreSQL connection is kept."""
-        if not is_postgres(self.location):
-            self.close()
+    def _write(self, table: str, batch: pa.Table, replace: bool, covers: Coverage | None) -> int:
+        if self._con is None:
+            stack = ExitStack()
+            self._con = stack.enter_context(connect(self.location))
+            self._open = stack
+        kept = False
+        try:
+            written = _insert(self._con, table, batch, replace=replace, covers=covers)
+            kept = is_postgres(self.location)
+            return written
+        finally:
+            if not kept:  # DuckDB's file is let go after each write; a connection that failed is never reused
+                self.close()
 
     def close(self) -> None:
         stack, self._open, self._con = self._open, None, None
