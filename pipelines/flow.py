@@ -607,16 +607,9 @@ def costs(seen: Observations, model: PowerModel) -> list[CostRow]:
 
 
 def _row(part: str, cost: Cost, per: str = "predictions") -> CostRow:
-    return CostRow(
-        part=part,  # type: ignore[arg-type]
-        cpu_s=cost.cpu_s,
-        predictions=cost.predictions,
-        per=per,
-        cpu_s_per_1000=cost.cpu_s_per_1000,
-        energy_j_per_1000=cost.energy_j_per_1000,
-        energy_source=cost.energy_source,
-        basis=cost.basis,
-    )
+    """A row is the part, what its 1,000 count, and the cost's figures of the same names."""
+    figures = {name: getattr(cost, name) for name in CostRow.model_fields.keys() - {"part", "per"}}
+    return CostRow(part=part, per=per, **figures)  # type: ignore[arg-type]
 
 
 def flow_report(
