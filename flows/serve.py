@@ -1,11 +1,11 @@
 """``precursor flows serve``: the flows as deployments with cron schedules, served against a Prefect server.
 
-The server is the local one this project starts in the background (:class:`~flows.server.LocalPrefectServer`), or
-any Prefect API named by ``--api-url`` / ``PREFECT_API_URL``. The serving process polls the server for scheduled runs
-and runs each in a subprocess, which imports the flow by module path (``flows.retrain.retrain``), so the working
-directory does not matter. Settings reach the runs through the environment (``PRECURSOR_RETRAIN_*``,
-``PRECURSOR_DRIFT_*``, ``PRECURSOR_KAFKA_*``): secrets stay out of the server's database, where deployment
-parameters are stored.
+The server is the local one this project starts in the background
+(:class:`~infra.prefect_server.LocalPrefectServer`), or any Prefect API named by ``--api-url`` / ``PREFECT_API_URL``.
+The serving process polls the server for scheduled runs and runs each in a subprocess, which imports the flow by
+module path (``flows.retrain.retrain``), so the working directory does not matter. Settings reach the runs through
+the environment (``PRECURSOR_RETRAIN_*``, ``PRECURSOR_DRIFT_*``, ``PRECURSOR_KAFKA_*``): secrets stay out of the
+server's database, where deployment parameters are stored.
 
 Cron strings are standard five fields (``0 3 * * *``: daily at 03:00) or, for tests, six with seconds last
 (``* * * * * */10``: every ten seconds). Times are in ``timezone`` (UTC by default).

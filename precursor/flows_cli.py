@@ -22,7 +22,7 @@ import typer
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from flows.server import OFFLINE_ENVIRONMENT, LocalPrefectServer, PrefectServerError, PrefectServerStatus
+from infra.prefect_server import OFFLINE_ENVIRONMENT, LocalPrefectServer, PrefectServerError, PrefectServerStatus
 from precursor.common import fail
 from precursor.output import aligned
 

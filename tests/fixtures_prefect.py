@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.server import OFFLINE_ENVIRONMENT, LocalPrefectServer
 from infra.kafka_broker import free_ports
+from infra.prefect_server import OFFLINE_ENVIRONMENT, LocalPrefectServer
 
 for _key, _value in OFFLINE_ENVIRONMENT.items():
     os.environ.setdefault(_key, _value)

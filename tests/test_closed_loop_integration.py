@@ -36,8 +36,8 @@ from flows.labeled import write_history
 from flows.monitoring import QualityReading, read_quality
 from flows.promotion import comparison_markdown
 from flows.retrain import retrain
-from flows.server import LocalPrefectServer
 from flows.settings import DriftCheckSettings, RetrainSettings
+from infra.prefect_server import LocalPrefectServer
 from models.edge.registry import ModelRegistry
 from models.edge.runtime import LMScorer
 from models.edge.signing import KeyPair, generate_keypair, load_public_keys

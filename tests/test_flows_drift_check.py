@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from flows.drift_check import drift_check, trigger_reason
 from flows.monitoring import QualityReading, read_quality
-from flows.server import LocalPrefectServer
 from flows.settings import DriftCheckSettings
+from infra.prefect_server import LocalPrefectServer
 from pipelines.monitoring import DriftMeasure, WindowMetrics
 from precursor.flows_cli import flows_app
 from precursor.store import PredictionStore, connect

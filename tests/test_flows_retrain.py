@@ -34,8 +34,8 @@ from typer.testing import CliRunner
 from flows.labeled import read_labeled_windows
 from flows.rejections import rejected_versions
 from flows.retrain import COMPARISON_ARTIFACT_KEY, RetrainReport, check_signing_key, new_version, retrain
-from flows.server import LocalPrefectServer
 from flows.settings import RetrainSettings
+from infra.prefect_server import LocalPrefectServer
 from models.edge.registry import ModelRegistry, verify_artifact
 from models.edge.signing import KeyPair, generate_keypair, load_private_key, load_public_keys
 from models.training.dataset import Fleet, build_windows

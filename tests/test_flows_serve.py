@@ -26,8 +26,8 @@ from typer.testing import CliRunner
 
 from flows.retrain import COMPARISON_ARTIFACT_KEY
 from flows.serve import RETRAIN_DEPLOYMENT
-from flows.server import LocalPrefectServer
 from flows.settings import RetrainSettings
+from infra.prefect_server import LocalPrefectServer
 from precursor.flows_cli import flows_app
 
 if TYPE_CHECKING:

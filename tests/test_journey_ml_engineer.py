@@ -24,7 +24,7 @@ import yaml
 from kafka import KafkaConsumer
 
 from flows.retrain import COMPARISON_ARTIFACT_KEY
-from flows.server import LocalPrefectServer
+from infra.prefect_server import LocalPrefectServer
 from models.edge.registry import ModelRegistry
 from models.edge.signing import load_public_keys
 from pipelines.labeling import read_dataset

@@ -23,7 +23,7 @@ from edge_agent.scorers import RunningModel, ScorerSlot
 from edge_agent.updates import ModelUpdater
 from flows.labeled import field_labels
 from flows.retrain import retrain
-from flows.server import LocalPrefectServer
+from infra.prefect_server import LocalPrefectServer
 from models.edge.baselines import DriftZScore
 from models.edge.object_registry import ObjectStoreRegistry, download_objects, open_registry
 from models.edge.registry import ArtifactError, TamperedArtifactError
