@@ -70,6 +70,10 @@ class ClusterStatus(BaseModel):
         return sum(node.running for node in self.nodes)
 
 
+_SHARED_BY_NODES = {"host", "partitions", "topic_prefix", "heap_mb"}
+"""The cluster's settings that every node takes as they are, under the same names."""
+
+
 class LocalKafkaCluster(BaseModel):
     """``brokers`` KRaft nodes on consecutive port pairs from ``first_port`` (client, then controller port)."""
 
@@ -123,13 +127,10 @@ class LocalKafkaCluster(BaseModel):
             raise ValueError(f"node_id={node_id} is not one of this cluster's nodes 1..{self.brokers}")
         port, controller_port = self._ports(node_id)
         return LocalKafka(
+            **self.model_dump(include=_SHARED_BY_NODES),
             state_dir=self.home / f"node-{node_id}",
-            host=self.host,
             port=port,
             controller_port=controller_port,
-            partitions=self.partitions,
-            topic_prefix=self.topic_prefix,
-            heap_mb=self.heap_mb,
             lib_dir=self.lib_dir or self.state_dir / "kafka" / "lib",
             node_id=node_id,
             quorum_voters=self.quorum_voters,

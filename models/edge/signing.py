@@ -125,11 +125,9 @@ def load_public_key(path: Path | str) -> Ed25519PublicKey:
     """Read one PEM ed25519 public key."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        key = serialization.load_pem_public_key(path.read_bytes())
     except OSError as err:
         raise KeyFileError(f"cannot read public key file {path}: {err.strerror}") from None
-    try:
-        key = serialization.load_pem_public_key(data)
     except (ValueError, TypeError) as err:
         raise KeyFileError(f"{path} is not a PEM public key ({err})") from None
     if not isinstance(key, Ed25519PublicKey):
