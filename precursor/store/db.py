@@ -333,7 +333,7 @@ class Offset:
 @contextmanager
 def _transaction(con: Any) -> Iterator[None]:
     """One transaction on either backend; rolled back if the block raises."""
-    if is_postgres_connection(con):
+    if _on_postgres(con):
         with con.raw.transaction():
             yield
         return
@@ -346,14 +346,15 @@ def _transaction(con: Any) -> Iterator[None]:
     con.execute("COMMIT")
 
 
-def is_postgres_connection(con: Any) -> bool:
-    return type(con).__name__ == "PostgresConnection"
+def _on_postgres(con: Any) -> bool:
+    """Whether ``con`` is a PostgreSQL connection (:mod:`precursor.store.postgres`, not imported for a DuckDB store)."""
+    return not isinstance(con, duckdb.DuckDBPyConnection)
 
 
 def _insert(con: Any, table: str, batch: pa.Table, *, replace: bool, covers: Coverage | None) -> int:
     """``batch`` into ``table`` and the ledger rows of ``covers``, in one transaction; returns the rows written."""
     ledger = covers.rows(datetime.now(UTC)) if covers else []
-    if is_postgres_connection(con):
+    if _on_postgres(con):
         if batch.num_rows == 0:
             if ledger:
                 with _transaction(con):
