@@ -126,6 +126,8 @@ class EdgeFigures(BaseModel):
 
 
 class TopicFigures(BaseModel):
+    """One topic's backlog as the report shows it: :class:`~infra.kafka_admin.TopicBacklog`'s figures by name."""
+
     topic: str
     partitions: int
     end: int
@@ -150,6 +152,24 @@ class StoreFigures(BaseModel):
     write_share: float | None = Field(description="of the pipeline runs' time in the window, the share spent writing")
     rows: dict[str, int]
     last_run_at: datetime | None
+
+    @classmethod
+    def of_runs(
+        cls, runs: Sequence[dict[str, Any]], rows: dict[str, int], last_run_at: datetime | None
+    ) -> StoreFigures:
+        """The store writes of the pipeline runs that finished in the window (their run-log rows)."""
+        writes = sum(r["store_writes"] for r in runs)
+        write_s = sum(r["store_write_s"] for r in runs)
+        run_s = sum(r["seconds"] for r in runs)
+        maxima = [r["store_write_max_ms"] for r in runs if r["store_write_max_ms"] is not None]
+        return cls(
+            writes=writes,
+            write_ms_mean=1000 * write_s / writes if writes else None,
+            write_ms_max=max(maxima, default=None),
+            write_share=write_s / run_s if run_s > 0 else None,
+            rows=rows,
+            last_run_at=last_run_at,
+        )
 
 
 class CostRow(BaseModel):
@@ -467,12 +487,8 @@ def assess(
     # store
     handed = sum(r["stored_rows"] + r["already_stored"] for r in runs)
     written = sum(r["stored_rows"] for r in runs)
-    writes = sum(r["store_writes"] for r in runs)
-    write_s = sum(r["store_write_s"] for r in runs)
-    run_s = sum(r["seconds"] for r in runs)
-    share = write_s / run_s if run_s > 0 else None
-    top = max((r["store_write_max_ms"] for r in runs if r["store_write_max_ms"] is not None), default=None)
-    mean_ms = 1000 * write_s / writes if writes else None
+    figures = StoreFigures.of_runs(runs, seen.rows, seen.last_run_at)
+    share, mean_ms = figures.write_share, figures.write_ms_mean
     latency = f"writes take {mean_ms:.0f} ms on average" if mean_ms is not None else "no writes in the window"
     if pipeline.state == "behind" and share is not None and share >= settings.store_share:
         store = _stage(
@@ -507,27 +523,9 @@ def assess(
         verdict=verdict,
         rule=settings.rule,
         edges=edges,
-        topics=[
-            TopicFigures(
-                topic=t.topic,
-                partitions=t.partitions,
-                end=t.end,
-                committed=t.committed,
-                lag=t.lag,
-                produced_per_s=t.produced_per_s,
-                last_produced_at=t.last_produced_at,
-            )
-            for t in seen.topics or []
-        ],
+        topics=[TopicFigures.model_validate(t, from_attributes=True) for t in seen.topics or []],
         pipeline_steps=steps,
-        store=StoreFigures(
-            writes=writes,
-            write_ms_mean=mean_ms,
-            write_ms_max=top,
-            write_share=share,
-            rows=seen.rows,
-            last_run_at=seen.last_run_at,
-        ),
+        store=figures,
         costs=costs(seen, model),
         energy_model=model.basis,
         problems=seen.problems,

@@ -191,6 +191,19 @@ def test_the_bottleneck_is_the_first_stage_behind(observed: Observations, bottle
         assert report.verdict.startswith(f"The {dict(edge='edge agents').get(bottleneck, bottleneck)} is the")
 
 
+def test_the_report_carries_the_store_and_topic_figures_of_the_window() -> None:
+    slow = {**run(800, seconds=6.0, write_s=1.6), "store_write_max_ms": 900.0}
+    report = assess(seen([edge()], 40, [run(1200), slow]), RULE, EnergySettings(watts_per_core=10, use_rapl=False))
+    assert report.store.writes == 8
+    assert report.store.write_ms_mean == pytest.approx(250.0)  # 2 s of writes over 8
+    assert report.store.write_ms_max == 900.0
+    assert report.store.write_share == pytest.approx(0.2)  # 2 s of the runs' 10 s
+    assert report.store.last_run_at == NOW
+    (figures,) = report.topics
+    assert (figures.topic, figures.lag, figures.committed) == ("p.predictions", 40, 9960)
+    assert figures.produced_per_s == pytest.approx(20.0)
+
+
 def test_cost_per_thousand_predictions_names_its_energy_basis() -> None:
     report = assess(seen([edge(energy_j=900.0)], 0, [run(1200), run(800)]), RULE, EnergySettings(watts_per_core=5))
     costs = {c.part: c for c in report.costs}

@@ -489,19 +489,19 @@ class TrainResult:
     seconds: float
 
 
+_ARCHITECTURE = {"n_layer", "n_embd", "n_head", "dropout", "value_channel"}
+"""The settings that :class:`ModelConfig` takes as they are, under the same names."""
+
+
 def model_config_for(tokenizer: TelemetryTokenizer, settings: TrainSettings) -> ModelConfig:
     """The default architecture for a fitted tokenizer: its vocabulary, and one position more than its sequences
     (training feeds the outcome token after the horizon token to ask for the time to failure)."""
     return ModelConfig(
         vocab_size=tokenizer.vocab_size,
         n_positions=settings.tokenizer.max_length + 1,
-        n_embd=settings.n_embd,
-        n_layer=settings.n_layer,
-        n_head=settings.n_head,
-        dropout=settings.dropout,
         pad_token_id=tokenizer.pad_id,
         bos_token_id=tokenizer.bos_id,
-        value_channel=settings.value_channel,
+        **settings.model_dump(include=_ARCHITECTURE),
     )
 
 
