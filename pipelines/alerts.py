@@ -53,7 +53,7 @@ from pipelines.run_log import ledger_stages
 from precursor.contracts.alerting import AlertRule
 from precursor.contracts.messages import Alert, encode
 from precursor.contracts.settings import KafkaSettings
-from precursor.store import PredictionStore
+from precursor.store.db import StoreWriter
 from precursor.store.ledger import Coverage
 
 NAMESPACE = "precursor"
@@ -285,6 +285,7 @@ class WriteAlertState(beam.DoFn):
 
     def __init__(self, store_path: str, ledger: tuple[str, str] | None = None) -> None:
         self._store_path = store_path
+        self._writer: StoreWriter | None = None
         self._ledger = ledger
         self._decided: list[MachineAlerts] = []
 
@@ -294,8 +295,24 @@ class WriteAlertState(beam.DoFn):
     def process(self, decided: MachineAlerts) -> None:
         self._decided.append(decided)
 
+    def setup(self) -> None:
+        self._writer = StoreWriter(self._store_path)  # one PostgreSQL connection for the DoFn's life
+
+    def teardown(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
     def finish_bundle(self) -> None:
-        store = PredictionStore(self._store_path)
+        owned = self._writer is None  # a caller that skipped setup (tests write alert state directly)
+        store = self._writer or StoreWriter(self._store_path)
+        try:
+            self._write(store)
+        finally:
+            if owned:
+                store.close()
+        self._decided = []
+
+    def _write(self, store: StoreWriter) -> None:
         now = to_micros(datetime.now(UTC))
         c = [change for d in self._decided for change in d.changes]
         if c:
@@ -325,7 +342,6 @@ class WriteAlertState(beam.DoFn):
                 }
             )
             store.insert_table("alert_timelines", batch, replace=True, covers=covers)
-        self._decided = []
 
 
 class RaiseAlerts(beam.PTransform):
