@@ -52,7 +52,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from infra.kafka_admin import TopicsEnsured, broker_reachable, ensure_topics, list_topics
 from infra.maven_jars import MissingToolError, find_executable, resolve_runtime_jars
-from infra.processes import BackgroundProcess, log_tail, port_in_use
+from infra.processes import BackgroundProcess, port_in_use
 from infra.service_settings import AbsolutePath, Port
 from precursor.contracts.settings import KafkaSettings
 from precursor.contracts.topics import Topics
@@ -76,7 +76,6 @@ KAFKA_POM = Path(__file__).parent / "maven" / "kafka" / "pom.xml"
 _MAVEN_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 _BROKER_MAIN = "kafka.Kafka"
 _STORAGE_TOOL_MAIN = "kafka.tools.StorageTool"
-_LOG_TAIL_LINES = 40
 _SCRAM_MECHANISM = "SCRAM-SHA-512"
 _SCRAM_ITERATIONS = 8192
 _CLIENT_LISTENER = {False: "PLAINTEXT", True: "SASL_SSL"}
@@ -497,25 +496,12 @@ class LocalKafka(BaseSettings):
     def wait_until_answering(self, pid: int, deadline: float) -> None:
         """Return once the broker answers metadata requests; stop it and raise if it exits or ``deadline`` passes."""
         settings = self.kafka_settings()
-        while True:
-            if not self.service.alive(pid):
-                self.service.forget()
-                raise BrokerError(
-                    f"the broker (pid {pid}) exited during start-up. Last lines of {self.logs_dir}:\n"
-                    f"{log_tail(self.logs_dir / 'server.log', _LOG_TAIL_LINES)}\n"
-                    f"{log_tail(self.logs_dir / 'broker.out', _LOG_TAIL_LINES)}"
-                )
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            if broker_reachable(settings, timeout_s=min(1.0, remaining)):
-                return
-            time.sleep(0.1)
-        self.down(report=log.info)
-        raise BrokerError(
-            f"the broker did not answer at {self.bootstrap} in time and was stopped. "
-            f"Last lines of {self.logs_dir / 'server.log'}:\n"
-            f"{log_tail(self.logs_dir / 'server.log', _LOG_TAIL_LINES)}"
+        self.service.wait_until_ready(
+            pid,
+            deadline,
+            ready=lambda timeout_s: broker_reachable(settings, timeout_s=timeout_s),
+            address=self.bootstrap,
+            logs=[self.logs_dir / "server.log", self.logs_dir / "broker.out"],
         )
 
     # Configuration ------------------------------------------------------------------------------------------------

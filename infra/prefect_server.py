@@ -34,13 +34,12 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from infra.processes import BackgroundProcess, log_tail, port_in_use
+from infra.processes import BackgroundProcess, port_in_use
 from infra.service_settings import AbsolutePath, Port
 
 log = logging.getLogger(__name__)
 
 Report = Callable[[str], None]
-_LOG_TAIL_LINES = 30
 
 OFFLINE_ENVIRONMENT = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -224,20 +223,10 @@ class LocalPrefectServer(BaseSettings):
         return str(url) if url else self.api_url
 
     def _wait_until_healthy(self, pid: int, deadline: float) -> None:
-        while True:
-            if not self.service.alive(pid):
-                self.service.forget()
-                raise PrefectServerError(
-                    f"the Prefect server (pid {pid}) exited during start-up. Last lines of {self.log_file}:\n"
-                    f"{log_tail(self.log_file, _LOG_TAIL_LINES)}"
-                )
-            if api_healthy(self.api_url, timeout_s=1.0):
-                return
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.25)
-        self.down(report=log.info)
-        raise PrefectServerError(
-            f"the Prefect server did not answer at {self.api_url} in time and was stopped. "
-            f"Last lines of {self.log_file}:\n{log_tail(self.log_file, _LOG_TAIL_LINES)}"
+        self.service.wait_until_ready(
+            pid,
+            deadline,
+            ready=lambda timeout_s: api_healthy(self.api_url, timeout_s=timeout_s),
+            address=self.api_url,
+            logs=[self.log_file],
         )

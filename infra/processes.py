@@ -1,4 +1,5 @@
-"""The background services this project starts (the Kafka broker, the Prefect server): launch, find again, stop.
+"""The background services this project starts (the Kafka broker, the Prefect server): launch, wait until ready,
+find again, stop.
 
 A service runs in its own process session, so it outlives the command that started it and ignores its Ctrl-C. Its
 pid file says which process it is; a pid is taken as ours only while that process lives and its command line is
@@ -10,6 +11,7 @@ False
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -19,6 +21,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 Report = Callable[[str], None]
+
+log = logging.getLogger(__name__)
+
+_LOG_TAIL_LINES = 40  # enough for the top of a JVM stack trace, where a failed start-up says why
+_STOP_TIMEOUT_S = 30.0  # a service that failed to come up gets as long to stop as one stopped on purpose
 
 
 def process_cmdline(pid: int) -> str | None:
@@ -59,6 +66,10 @@ def log_tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return f"(no {path.name} yet)"
+
+
+def _last_lines(logs: Sequence[Path]) -> str:
+    return "\n".join(f"Last lines of {path}:\n{log_tail(path, _LOG_TAIL_LINES)}" for path in logs)
 
 
 class BackgroundProcess:
@@ -129,6 +140,24 @@ class BackgroundProcess:
     def forget(self) -> None:
         """The service exited on its own (e.g. during start-up): drop its pid file."""
         self.pid_file.unlink(missing_ok=True)
+
+    def wait_until_ready(
+        self, pid: int, deadline: float, *, ready: Callable[[float], bool], address: str, logs: Sequence[Path]
+    ) -> None:
+        """Return once ``ready(timeout_s)`` is true. If the service exits first, or is still not ready at ``deadline``
+        (it is stopped then), raise with the last lines of ``logs``: a failed start-up explains itself there."""
+        while True:
+            if not self.alive(pid):
+                self.forget()
+                raise self._error(f"the {self.name} (pid {pid}) exited during start-up. {_last_lines(logs)}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if ready(min(1.0, remaining)):
+                return
+            time.sleep(0.1)
+        self.stop(_STOP_TIMEOUT_S, log.info, absent=f"the {self.name} is gone already")
+        raise self._error(f"the {self.name} did not answer at {address} in time and was stopped. {_last_lines(logs)}")
 
     def stop(self, timeout_s: float, say: Report, *, absent: str) -> bool:
         """SIGTERM, then SIGKILL after ``timeout_s``. False (after saying ``absent``) when ours was not running."""
