@@ -53,6 +53,8 @@ from precursor.contracts.messages import (
     Prediction,
     TelemetrySummary,
     decode,
+    event_detail,
+    event_kind,
 )
 from precursor.contracts.settings import KafkaSettings
 from precursor.store.db import StoreWriter
@@ -321,8 +323,8 @@ def event_batch(rows: Sequence[tuple[Any, ...]], ingested_at: datetime) -> pa.Ta
             "machine_id": [r.machine_id for r in records],
             "ts": pa.array([r.at_us for r in records], UTC_MICROS),
             "event": [r.event for r in records],
-            "kind": [r.kind for r in records],
-            "detail": pa.array([r.detail for r in records], pa.string()),
+            "kind": [event_kind(r.event) for r in records],
+            "detail": pa.array([event_detail(r.event) for r in records], pa.string()),
             "ingested_at": pa.array([to_micros(ingested_at)] * len(records), UTC_MICROS),
         }
     )

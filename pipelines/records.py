@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from pydantic_core import from_json
 
-from precursor.contracts.messages import EdgeEvent, Heartbeat, Prediction, TelemetrySummary, event_detail, event_kind
+from precursor.contracts.messages import EdgeEvent, Heartbeat, Prediction, TelemetrySummary
 
 MICROS = 1_000_000
 HOUR_US = 3600 * MICROS
@@ -98,14 +98,6 @@ class EventRecord(NamedTuple):
     event: str
     partition: int
     offset: int
-
-    @property
-    def kind(self) -> str:
-        return event_kind(self.event)
-
-    @property
-    def detail(self) -> str | None:
-        return event_detail(self.event)
 
 
 class HeartbeatRecord(NamedTuple):
