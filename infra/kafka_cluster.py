@@ -159,11 +159,29 @@ class LocalKafkaCluster(BaseModel):
             except BrokerError:
                 self.down(report=say)
                 raise
+        self._wait_for_every_broker(deadline)
         ensured = self.ensure_topics(self.kafka_settings(), timeout_s=max(10.0, deadline - time.monotonic()))
         if ensured:
             say(f"created {len(ensured)} topics, each on {self.replication_factor} nodes: {', '.join(ensured)}")
         say(f"{self.brokers} brokers ready at {self.bootstrap} in {time.monotonic() - started_at:.1f} s")
         return self.status()
+
+    def _wait_for_every_broker(self, deadline: float) -> None:
+        """Until the cluster's metadata lists every node. A node answers before the controller has registered it as a
+        broker, and the metadata may already name it the controller: an admin request sent to it then fails with
+        UnknownBrokerIdError (a cluster start failed so now and then)."""
+        wanted = set(range(1, self.brokers + 1))
+        while True:
+            try:
+                with admin_client(self.kafka_settings(), 5.0) as admin:
+                    known = {int(b["broker_id"]) for b in admin.describe_cluster()["brokers"]}
+            except Exception:  # a node still starting: ask again
+                known = set()
+            if wanted <= known:
+                return
+            if time.monotonic() > deadline:
+                raise BrokerError(f"the cluster's metadata lists brokers {sorted(known)}, not all of {sorted(wanted)}")
+            time.sleep(0.2)
 
     def ensure_topics(self, settings: KafkaSettings, timeout_s: float = 30.0) -> list[str]:
         """The project's topics under ``settings``' prefix on this cluster, each replicated to
