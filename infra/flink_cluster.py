@@ -251,12 +251,17 @@ class LocalFlinkCluster(BaseModel):
                     for name in ("jobmanager", *(f"taskmanager-{i}" for i in range(1, self.taskmanagers + 1)))
                 )
                 raise FlinkClusterError(f"{', '.join(dead)} exited during start-up; logs in {self.logs_dir}:\n{tails}")
-            if status.registered_taskmanagers >= self.taskmanagers:
+            # A task manager is counted a moment before its slots are: wait for both, so "ready" means jobs fit.
+            if (
+                status.registered_taskmanagers >= self.taskmanagers
+                and status.slots_total >= self.taskmanagers * self.slots
+            ):
                 return status
             if time.monotonic() > deadline:
                 self.down()
                 raise FlinkClusterError(
-                    f"only {status.registered_taskmanagers} of {self.taskmanagers} task managers registered in time; "
+                    f"only {status.registered_taskmanagers} of {self.taskmanagers} task managers "
+                    f"({status.slots_total} of {self.taskmanagers * self.slots} slots) registered in time; "
                     f"the cluster was stopped. Logs in {self.logs_dir}"
                 )
             time.sleep(0.5)
