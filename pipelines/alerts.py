@@ -46,12 +46,13 @@ from typing import Any, Literal
 import apache_beam as beam
 import pyarrow as pa
 from apache_beam.metrics import Metrics
+from pydantic_core import to_json
 
 from pipelines.kafka_io import ProduceToKafka
-from pipelines.records import PredictionRecord, from_micros, to_micros
+from pipelines.records import PredictionRecord, from_micros, iso, to_micros
 from pipelines.run_log import ledger_stages
 from precursor.contracts.alerting import AlertRule
-from precursor.contracts.messages import Alert, encode
+from precursor.contracts.messages import SCHEMA_VERSION, Alert
 from precursor.contracts.settings import KafkaSettings
 from precursor.store.db import StoreWriter
 from precursor.store.ledger import Coverage
@@ -264,13 +265,32 @@ def alert_message(change: AlertChange) -> Alert:
     )
 
 
+def alert_json(change: AlertChange) -> bytes:
+    """``encode(alert_message(change))``, the same bytes, without building and validating an :class:`Alert` for each
+    change: every field of a change comes from a prediction its contract has validated already, and building the
+    model cost more than sending the message (6.5 µs against 1 µs). pydantic's own serializer writes the dict, so
+    numbers are spelled as the model would spell them; tests/test_pipeline_alerts.py holds the two to the same bytes.
+    """
+    return to_json(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "machine_id": change.machine_id,
+            "state": change.state,
+            "kind": change.kind,
+            "risk": float(change.risk),
+            "at": iso(change.at_us),
+            "model_version": change.model_version,
+        }
+    )
+
+
 class ProduceAlerts(ProduceToKafka):
     """A machine's alert changes, each as an :class:`Alert` keyed by the machine, to the alerts topic: one step where
     flattening, encoding and sending were three, each paying the runner's cost per element."""
 
     def process(self, decided: MachineAlerts) -> None:  # type: ignore[override]
         for change in decided.changes:
-            super().process((change.machine_id.encode(), encode(alert_message(change))))
+            super().process((change.machine_id.encode(), alert_json(change)))
 
 
 class WriteAlertState(beam.DoFn):
