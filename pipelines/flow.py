@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -48,9 +49,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from infra.energy import Cost, EnergySettings, PowerModel, estimate
 from infra.kafka_admin import BrokerUnreachable, TopicBacklog, check_reachable, consumer_lag
+from models.edge.registry import CONFIG_FILE
 from pipelines.edge_trust import HeartbeatJudge
 from pipelines.run_log import CONSUMER, ingest_group
 from precursor.contracts.messages import EdgeFlow, Heartbeat
+from precursor.contracts.object_store import ObjectStoreError, filesystem, is_url
 from precursor.contracts.settings import KafkaSettings
 from precursor.store.db import StoreBusy
 from precursor.store.queries import reading
@@ -238,7 +241,7 @@ def observe(
     settings: FlowSettings | None = None,
     consumer: str = CONSUMER,
     enrolled_edges: Path | None = None,
-    model_registry: Path | None = None,
+    model_registry: Path | str | None = None,
     now: datetime | None = None,
 ) -> Observations:
     """Read the flow's figures from Kafka, the store and (where given) the model registry; what cannot be read is
@@ -378,22 +381,43 @@ def _heartbeat(value: bytes | None) -> Heartbeat | None:
 
 def newest_training(registry: Path | str) -> Retraining | None:
     """What training the registry's newest version cost, from its ``precursor.json`` (``training.cpu_s`` and
-    ``seconds``; ``data.training_windows``). None where the registry holds no version."""
-    found = sorted(Path(registry).glob("*/*/precursor.json"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        return None
+    ``seconds``; ``data.training_windows``). ``registry``: a folder or an object store URL (the newest object there).
+    None where the registry holds no version or cannot be read."""
     try:
-        meta = json.loads(found[-1].read_text())
-    except (OSError, ValueError):
+        newest = _newest_config(registry)
+        if newest is None:
+            return None
+        version, text = newest
+        meta = json.loads(text)
+    except (OSError, ValueError, ObjectStoreError):
         return None
     training = meta.get("training") or {}
     windows = (meta.get("data") or {}).get("training_windows") or {}
     return Retraining(
-        version=found[-1].parent.name,
+        version=version,
         cpu_s=training.get("cpu_s"),
         wall_s=training.get("seconds"),
         windows=int(sum(windows.values())) if isinstance(windows, dict) else 0,
     )
+
+
+def _newest_config(registry: Path | str) -> tuple[str, bytes] | None:
+    """``(version, precursor.json bytes)`` of the registry's newest version by the time it was written, or None."""
+    if not is_url(registry):
+        found = sorted(Path(registry).glob(f"*/*/{CONFIG_FILE}"), key=lambda p: p.stat().st_mtime)
+        return (found[-1].parent.name, found[-1].read_bytes()) if found else None
+    fs, root = filesystem(str(registry))
+    root = root.rstrip("/")
+    fs.invalidate_cache()
+    configs = {
+        key: info
+        for key, info in fs.find(root, detail=True).items()
+        if re.fullmatch(rf"[^/]+/[^/]+/{re.escape(CONFIG_FILE)}", key[len(root) + 1 :])
+    }
+    if not configs:
+        return None
+    key = max(configs, key=lambda k: (configs[k].get("LastModified") or configs[k].get("mtime") or 0, k))
+    return key.rsplit("/", 2)[-2], fs.cat_file(key)
 
 
 # -- the rule --------------------------------------------------------------------------------------------------------
@@ -617,7 +641,7 @@ def flow_report(
     settings: FlowSettings | None = None,
     energy: EnergySettings | None = None,
     enrolled_edges: Path | None = None,
-    model_registry: Path | None = None,
+    model_registry: Path | str | None = None,
 ) -> FlowReport:
     """Observe and assess: the answer of ``GET /api/v1/flow`` and ``precursor status``."""
     settings = settings or FlowSettings()

@@ -7,7 +7,6 @@ It reads what ``GET /api/v1/flow`` answers (:func:`pipelines.flow.flow_report`),
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -62,7 +61,8 @@ def status_command(
     store: StoreOption = None,
     window: Annotated[str | None, typer.Option("--window", help="rates over this long: 30s, 5m [default: 60s]")] = None,
     registry: Annotated[
-        Path | None, typer.Option("--registry", help="model registry: adds what retraining costs")
+        str | None,
+        typer.Option("--registry", help="model registry (a folder or s3://bucket/prefix): adds what retraining costs"),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="the whole answer as JSON (what /api/v1/flow says)")] = False,
     check: Annotated[bool, typer.Option("--check", help="exit 1 when a stage is behind (for monitoring)")] = False,
@@ -75,6 +75,7 @@ def status_command(
     from pipelines.flow import FlowSettings, flow_report
     from pipelines.settings import PipelineSettings
     from precursor.contracts.durations import parse_duration
+    from precursor.contracts.object_store import as_location
     from precursor.contracts.settings import KafkaSettings
 
     try:
@@ -93,7 +94,7 @@ def status_command(
         settings=settings,
         energy=energy,
         enrolled_edges=pipeline.enrolled_edges,
-        model_registry=registry or pipeline.model_registry,
+        model_registry=as_location(registry) if registry else pipeline.model_registry,
     )
     if as_json:
         typer.echo(json.dumps(report.model_dump(mode="json"), indent=2))

@@ -13,20 +13,26 @@ Torch-free: the API imports this.
 from __future__ import annotations
 
 import json
+import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from models.edge.calibration import Calibration, ReliabilityBin, calibration_of
+from models.edge.object_registry import download_objects
 from models.edge.registry import (
     CONFIG_FILE,
+    MANIFEST_FILE,
+    SIGNATURE_FILE,
     ArtifactError,
     ModelRegistry,
     _parse_manifest,
     _read_signed,
     read_verified_file,
 )
+from precursor.contracts.object_store import ObjectStoreSettings, filesystem, is_url
 
 
 class ValidationCalibration(BaseModel):
@@ -97,10 +103,16 @@ def version_calibration(path: Path) -> VersionCalibration:
         return VersionCalibration(model_name=model_name, version=version, error=str(err))
 
 
-def registry_calibrations(root: Path | str) -> list[VersionCalibration]:
-    """Every version of every model name under ``root``, each model's oldest version first.
+_SMALL_FILES = (MANIFEST_FILE, SIGNATURE_FILE, CONFIG_FILE)
 
-    Raises ``FileNotFoundError`` naming ``root`` if it is not a folder."""
+
+def registry_calibrations(root: Path | str, *, settings: ObjectStoreSettings | None = None) -> list[VersionCalibration]:
+    """Every version of every model name under ``root`` (a folder, or an object store URL such as
+    ``s3://bucket/registry``), each model's oldest version first.
+
+    Raises ``FileNotFoundError`` naming ``root`` if it is not a folder, or a URL with nothing under it."""
+    if is_url(root):
+        return _object_store_calibrations(str(root), settings)
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"model registry {root} is not a directory")
@@ -120,3 +132,24 @@ def registry_calibrations(root: Path | str) -> list[VersionCalibration]:
                 out.append(VersionCalibration(model_name=model_dir.name, version="?", error=str(err)))
         out.extend(version_calibration(p) for p in listed)
     return out
+
+
+def _object_store_calibrations(url: str, settings: ObjectStoreSettings | None) -> list[VersionCalibration]:
+    """:func:`registry_calibrations` of a registry in an object store: each version's manifest, signature and
+    ``precursor.json`` (a few KB; never the model) are copied into a scratch folder laid out as a local registry and
+    read there by the same code, each file checked against its manifest as a local one is. Errors name the URL."""
+    fs, root = filesystem(url, settings)
+    root = root.rstrip("/")
+    fs.invalidate_cache()  # a listing cached earlier would miss versions published since
+    keys = fs.find(root)
+    if not keys:
+        raise FileNotFoundError(f"model registry {url} holds nothing")
+    names = "|".join(re.escape(n) for n in _SMALL_FILES)
+    wanted = [k for k in keys if re.fullmatch(rf"[^/]+/[^/]+/(?:{names})", k[len(root) + 1 :])]
+    with tempfile.TemporaryDirectory(prefix="registry-") as scratch:
+        mirror = Path(scratch) / "registry"
+        mirror.mkdir()
+        download_objects(fs, root, wanted, mirror, url)
+        found = registry_calibrations(mirror)
+    where = str(mirror)
+    return [v.model_copy(update={"error": v.error.replace(where, url.rstrip("/"))}) if v.error else v for v in found]

@@ -44,6 +44,7 @@ from precursor.api.schemas import (
 from precursor.api.settings import ApiSettings
 from precursor.contracts.alerting import AlertRule
 from precursor.contracts.durations import parse_duration
+from precursor.contracts.object_store import ObjectStoreError
 from precursor.contracts.outcomes import ANY_FAILURE
 from precursor.contracts.settings import KafkaSettings
 from precursor.store.db import StoreBusy
@@ -431,7 +432,7 @@ def model_calibration(request: Request) -> Any:
         return []
     try:
         return registry_calibrations(registry)
-    except FileNotFoundError as err:
+    except (OSError, ObjectStoreError) as err:  # a folder gone, a bucket that refuses or does not answer
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(err)) from None
 
 

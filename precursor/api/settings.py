@@ -24,6 +24,7 @@ from typing import Annotated
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from precursor.contracts.object_store import Location
 from precursor.contracts.settings import PrecursorSettings, StoreLocation
 from precursor.store.queries import DEFAULT_THRESHOLD
 
@@ -53,8 +54,10 @@ class ApiSettings(BaseSettings):
     store_wait_s: Annotated[float, Field(ge=0, le=60)] = 5.0
     live_keepalive_s: Annotated[float, Field(gt=0, le=300)] = 15.0
     live_poll_ms: Annotated[int, Field(ge=10, le=5000)] = 200
-    model_registry: Path | None = Field(
-        None, description="model registry folder whose versions' calibration the models page shows; None: not shown"
+    model_registry: Location | None = Field(
+        None,
+        description="model registry (a folder, or an object store URL such as s3://bucket/registry) whose versions' "
+        "calibration the models page shows; None: not shown",
     )
 
     @field_validator("tokens")
