@@ -51,10 +51,10 @@ from infra.energy import Cost, EnergySettings, PowerModel, estimate
 from infra.kafka_admin import BrokerUnreachable, TopicBacklog, check_reachable, consumer_lag
 from models.edge.registry import CONFIG_FILE
 from pipelines.edge_trust import HeartbeatJudge
-from pipelines.run_log import CONSUMER, ingest_group
+from pipelines.run_log import CONSUMER, ingest_group, ledger_stages
 from precursor.contracts.messages import EdgeFlow, Heartbeat
 from precursor.contracts.object_store import ObjectStoreError, filesystem, is_url
-from precursor.contracts.settings import KafkaSettings
+from precursor.contracts.settings import KafkaSettings, Topics
 from precursor.store.db import StoreBusy
 from precursor.store.queries import reading
 from precursor.store.runs import consumer_positions, last_run, latest_edge_flows, runs_since, table_rows
@@ -252,6 +252,7 @@ def observe(
     stale = now - timedelta(seconds=settings.edge_stale_s)
     reached: dict[tuple[str, int], int] = {}
     stored_edges: list[dict[str, Any]] = []
+    topics = kafka.topics
     try:
         with reading(store_path, wait_s=settings.timeout_s) as store:
             window_start = now - timedelta(seconds=settings.window_s)
@@ -260,11 +261,12 @@ def observe(
             newest = last_run(store, consumer)
             seen.last_run_at = None if newest is None else newest["finished_at"]
             seen.rows = table_rows(store, STORE_TABLES)
-            reached = consumer_positions(store, consumer)  # the truth the Kafka group mirrors
+            # the truth the Kafka group mirrors, with what a run that did not finish has stored and decided
+            stages = {t: ledger_stages(consumer, alerted=t == topics.predictions) for t in _ingested(topics)}
+            reached = consumer_positions(store, consumer, stages)
             stored_edges = latest_edge_flows(store, stale)
     except (FileNotFoundError, StoreBusy) as err:
         seen.problems.append(f"store: {err}")
-    topics = kafka.topics
     edge_topics = [topics.predictions, topics.events, topics.heartbeats]
     seen.predictions_topic = topics.predictions
     try:
@@ -285,6 +287,11 @@ def observe(
     if model_registry is not None:
         seen.retraining = newest_training(model_registry)
     return seen
+
+
+def _ingested(topics: Topics) -> tuple[str, ...]:
+    """The topics ingest consumes (the edge's three, and the opt-in telemetry summaries)."""
+    return (topics.predictions, topics.events, topics.heartbeats, topics.telemetry)
 
 
 def _judge(enrolled_edges: Path | None, seen: Observations) -> HeartbeatJudge | None:

@@ -18,6 +18,7 @@ from precursor.store import Offset, PredictionStore
 from precursor.store.db import StoreWriter
 from precursor.store.ledger import Coverage, consumed, contains, count, intersect, prefix_end, spans_of, union
 from precursor.store.queries import reading
+from precursor.store.runs import consumer_positions
 
 if TYPE_CHECKING:
     from tests.fixtures_postgres import NewStore
@@ -77,6 +78,25 @@ def test_the_next_start_is_the_consumed_prefix_and_a_record_counts_once_every_st
     assert counts(location)[1] == 0
     store.commit_offsets("ingest", [Offset(TOPIC, 0, 3)], stages=stages)
     assert store.offsets("ingest", TOPIC) == {0: 8}  # never backwards
+
+
+def test_the_position_a_status_shows_counts_what_a_killed_run_stored_and_decided(new_store: NewStore) -> None:
+    """A run killed after most of its writes: ``precursor status`` reads the consumer as far as the next run will
+    start (folded offsets, extended by the ledger where every stage has the records), not where the last finished
+    run left it."""
+    location = new_store("positions")
+    store = PredictionStore(location)
+    stages = ("ingest", "ingest/alerts")
+    store.commit_offsets("ingest", [Offset(TOPIC, 0, 4), Offset(TOPIC, 1, 2)], stages=stages)
+    # Partition 0: stored 4-11 and decided 4-8; partition 1: stored 2-5, not decided yet.
+    store.insert_table("events", pa.table({}), covers=Coverage.of(stages[:1], TOPIC, [(0, o) for o in range(4, 12)]))
+    store.insert_table("events", pa.table({}), covers=Coverage.of(stages[1:], TOPIC, [(0, o) for o in range(4, 9)]))
+    store.insert_table("events", pa.table({}), covers=Coverage.of(stages[:1], TOPIC, [(1, o) for o in range(2, 6)]))
+    with reading(location) as reader:
+        assert consumer_positions(reader, "ingest") == {(TOPIC, 0): 4, (TOPIC, 1): 2}  # folded only
+        assert consumer_positions(reader, "ingest", {TOPIC: stages}) == {(TOPIC, 0): 9, (TOPIC, 1): 2}
+        assert consumer_positions(reader, "ingest", {TOPIC: stages[:1]}) == {(TOPIC, 0): 12, (TOPIC, 1): 6}
+        assert consumer_positions(reader, "ingest", {"other-topic": stages}) == {(TOPIC, 0): 4, (TOPIC, 1): 2}
 
 
 def test_a_writer_keeps_its_connection_on_postgresql_and_lets_a_duckdb_file_go_after_each_write(

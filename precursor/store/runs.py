@@ -7,11 +7,13 @@ A run that found nothing new leaves no row; rows older than :data:`KEEP` are del
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from precursor.store import ledger
 from precursor.store.db import connect
 from precursor.store.queries import StoreReader
 
@@ -135,11 +137,36 @@ def latest_edge_flows(store: StoreReader, since: datetime) -> list[dict[str, Any
     )
 
 
-def consumer_positions(store: StoreReader, consumer: str) -> dict[tuple[str, int], int]:
-    """``(topic, partition) -> next offset`` the consumer committed in the store."""
+def consumer_positions(
+    store: StoreReader, consumer: str, stages: Mapping[str, Sequence[str]] | None = None
+) -> dict[tuple[str, int], int]:
+    """``(topic, partition) -> next offset`` the consumer has reached in the store: what its finished runs folded
+    into ``consumer_offsets``, extended by the ledger of a run that did not finish (``stages``: topic -> the ledgers
+    its records must be in, as :func:`pipelines.run_log.ledger_stages` names them), as the next run will start there.
+    Without the ledger, a run killed after storing most of its records read as if none of them were: the lag shown
+    was the whole run's until the next run folded it."""
     if not store.has_table("consumer_offsets"):
         return {}
     rows = store.con.execute(
         "SELECT topic, partition, next_offset FROM consumer_offsets WHERE consumer = ?", [consumer]
     ).fetchall()
-    return {(str(t), int(p)): int(o) for t, p, o in rows}
+    folded: dict[str, dict[int, int]] = {}
+    for t, p, o in rows:
+        folded.setdefault(str(t), {})[int(p)] = int(o)
+    reached = {(t, p): o for t, offsets in folded.items() for p, o in offsets.items()}
+    if not stages or not store.has_table("consumed_ranges"):
+        return reached
+    for topic, names in stages.items():
+        ledgers = [
+            store.con.execute(
+                "SELECT partition, spans FROM consumed_ranges WHERE consumer = ? AND topic = ?", [name, topic]
+            ).fetchall()
+            for name in names
+        ]
+        if not any(ledgers):
+            continue
+        next_offsets = folded.get(topic, {})
+        for partition, spans in ledger.consumed(next_offsets, ledgers).items():
+            start = next_offsets.get(partition, 0)
+            reached[(topic, partition)] = max(start, ledger.prefix_end(spans, start))
+    return reached
