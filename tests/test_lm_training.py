@@ -390,3 +390,23 @@ def test_bin_tokens_start_in_order_along_a_line(tiny_fleet: dict[str, Path]) -> 
     family = families[0]
     neighbour = float(torch.linalg.norm(weight[family[1]] - weight[family[0]]))
     assert neighbour < float(torch.linalg.norm(weight[family[0]] - weight[tokenizer.horizon_id]))
+
+
+def test_every_model_config_field_reaches_the_model_and_nothing_else_does() -> None:
+    """build_model maps ModelConfig field by field: each field changed from its default changes the built model's
+    config (or its class), so a field added later without a mapping fails here instead of being ignored."""
+    import dataclasses
+
+    from models.training.model import ModelConfig, ValueGPT2LMHeadModel, build_model
+
+    base = ModelConfig(vocab_size=40, n_positions=24, n_embd=16, n_layer=1, n_head=2)
+    built = build_model(base)
+    assert (built.config.n_embd, built.config.n_layer, built.config.n_head, built.config.n_positions) == (16, 1, 2, 24)
+    assert built.config.resid_pdrop == built.config.embd_pdrop == built.config.attn_pdrop == base.dropout
+    changed = {"vocab_size": 41, "n_positions": 25, "n_embd": 32, "n_layer": 2, "n_head": 4, "dropout": 0.2,
+               "pad_token_id": 5, "bos_token_id": 6, "value_channel": True}  # fmt: skip
+    assert set(changed) == {f.name for f in dataclasses.fields(ModelConfig)}
+    for name, value in changed.items():
+        other = build_model(dataclasses.replace(base, **{name: value}))
+        assert other.config.to_dict() != built.config.to_dict() or type(other) is not type(built), name
+    assert isinstance(build_model(dataclasses.replace(base, value_channel=True)), ValueGPT2LMHeadModel)

@@ -109,18 +109,23 @@ def takes_values(model: torch.nn.Module) -> bool:
 def build_model(config: ModelConfig) -> GPT2LMHeadModel:
     """A fresh GPT-2-style causal LM with the given shape (random weights, no hub); with ``value_channel``, a
     :class:`ValueGPT2LMHeadModel`."""
-    shape = asdict(config)  # GPT-2's own names, but for the two taken out here
-    dropout = shape.pop("dropout")  # one rate for GPT-2's three
-    value_channel = shape.pop("value_channel")  # ours: it picks the model class
+    # Field by field: GPT2Config keeps any keyword it is given, so a field added to ModelConfig later must be mapped
+    # here on purpose rather than flow into the model's config unnoticed.
     hf_config = GPT2Config(
-        **shape,
-        resid_pdrop=dropout,
-        embd_pdrop=dropout,
-        attn_pdrop=dropout,
+        vocab_size=config.vocab_size,
+        n_positions=config.n_positions,
+        n_embd=config.n_embd,
+        n_layer=config.n_layer,
+        n_head=config.n_head,
+        pad_token_id=config.pad_token_id,
+        bos_token_id=config.bos_token_id,
+        resid_pdrop=config.dropout,  # one rate for GPT-2's three
+        embd_pdrop=config.dropout,
+        attn_pdrop=config.dropout,
         eos_token_id=None,
         tie_word_embeddings=True,
     )
-    if value_channel:
+    if config.value_channel:  # ours: it picks the model class
         hf_config.value_channel = True
         return ValueGPT2LMHeadModel(hf_config)
     return GPT2LMHeadModel(hf_config)
