@@ -66,7 +66,7 @@ from models.edge.releases import (
 from models.edge.scoring import Scorer, Window
 from models.edge.signing import SignatureError
 from precursor.contracts.messages import ContractError, ModelRelease, decode
-from precursor.contracts.object_store import S3_PROTOCOLS, ObjectStoreError, ObjectStoreSettings, filesystem
+from precursor.contracts.object_store import S3_PROTOCOLS, ObjectStoreError, ObjectStoreSettings, explain, filesystem
 from precursor.contracts.outcomes import ANY_FAILURE
 from precursor.contracts.versions import version_key
 
@@ -496,10 +496,12 @@ class ModelUpdater:
             self._copy_objects(fs, path.rstrip("/"), url, staging, target)
         except (UpdateRefused, ArtifactError):
             raise
-        except ObjectStoreError as err:  # e.g. the extra is not installed: fixed without a new release
-            raise UpdateRefused(f"cannot fetch {url}: {err}", lasting=False) from None
-        except Exception as err:  # the store's client raises its own errors (no endpoint, denied): a fetch that failed
-            raise UpdateRefused(f"cannot fetch {url}: {type(err).__name__}: {err}", lasting=False) from None
+        except Exception as err:
+            # Refused credentials, no bucket, no endpoint, no s3 extra: each is fixed on this edge or at the store,
+            # not by a new release, so the release is tried again. The error names the URL (never a secret).
+            failure = err if isinstance(err, ObjectStoreError) else explain(err, url, self.object_store)
+            reason = str(failure) if failure is not None else f"{url}: {type(err).__name__}: {err}"
+            raise UpdateRefused(f"cannot fetch the artifact: {reason}", lasting=False) from None
 
     def _copy_objects(self, fs: AbstractFileSystem, path: str, url: str, staging: Path, target: Path) -> None:
         limit = self.config.updates.max_bytes

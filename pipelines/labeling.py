@@ -428,6 +428,8 @@ def run_labeling(
     dataset = as_location(dataset)
     if isinstance(dataset, Path):
         dataset.mkdir(parents=True, exist_ok=True)
+    else:
+        filesystem(dataset)  # reaches the store: one that refuses stops the run here, not inside a Beam worker
     report = LabelingReport(dataset=dataset)
     with tempfile.TemporaryDirectory(prefix="labeling-", dir=settings.work_dir) as work:
         snapshot = take_snapshot(store_path, work)

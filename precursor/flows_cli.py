@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
@@ -24,7 +24,11 @@ from pydantic_settings import SettingsError
 
 from infra.prefect_server import OFFLINE_ENVIRONMENT, LocalPrefectServer, PrefectServerError, PrefectServerStatus
 from precursor.common import fail
+from precursor.contracts.object_store import ObjectStoreError, filesystem, is_url
 from precursor.output import aligned
+
+if TYPE_CHECKING:
+    from flows.settings import RetrainSettings
 
 flows_app = typer.Typer(
     help="Prefect flows: retrain on evidence, check for drift, serve both on schedules.", no_args_is_help=True
@@ -197,6 +201,18 @@ def serve_command(
 # --- run -----------------------------------------------------------------------------------------------------------
 
 
+def _reach_object_stores(settings: RetrainSettings) -> None:
+    """Reach the labeled dataset and the registry where they are on an object store, before any flow run starts: a
+    store that refuses or does not answer then ends the command with its one-line error, not a failed run whose
+    traceback fills the log after minutes of work."""
+    for location in (settings.labeled_dataset, settings.registry):
+        if is_url(location):
+            try:
+                filesystem(location, settings.object_store)
+            except ObjectStoreError as err:
+                raise fail(err, 1) from None
+
+
 def _local_api_url(server: LocalPrefectServer) -> str | None:
     """The API a run reports to: ``PREFECT_API_URL``, else the local server when it answers, else None (ephemeral)."""
     if os.environ.get("PREFECT_API_URL"):
@@ -223,10 +239,11 @@ def run_retrain(state_dir: StateDirOption = None, port: PortOption = None) -> No
     from flows.settings import RetrainSettings
 
     settings = _settings_from_environment(RetrainSettings)
+    _reach_object_stores(settings)
     with _api_settings(api_url):
         try:
             result = retrain(settings)
-        except (OSError, ValueError) as err:  # missing files, bad data or keys: the message names which
+        except (OSError, ValueError, ObjectStoreError) as err:  # missing files, bad data or keys, a store that refuses
             raise fail(err, 1) from None
     typer.echo(f"{result.outcome}: candidate {result.version}")
     typer.echo(f"verdict: {result.comparison.verdict.reason}")
@@ -248,7 +265,7 @@ def run_drift_check(state_dir: StateDirOption = None, port: PortOption = None) -
     with _api_settings(api_url):
         try:
             result = drift_check(settings)
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError, ObjectStoreError) as err:  # the last: the retrain it started met a failing store
             raise fail(err, 1) from None
     typer.echo(("retrained: " if result.triggered else "no retrain: ") + result.reason)
     if result.retrain is not None:

@@ -104,7 +104,8 @@ def pipeline_run(
             say(total)
         else:
             say(run_once(settings, path, **kwargs))  # type: ignore[arg-type]
-    except (EngineError, EnrollmentError, FileNotFoundError) as err:  # the last two: a bad edge-trust setting
+    # All but the first: a bad edge-trust setting (the enrolled-edges file, the model registry and its store).
+    except (EngineError, EnrollmentError, FileNotFoundError, ObjectStoreError) as err:
         raise fail(str(err)) from None
 
 

@@ -9,6 +9,12 @@ Credentials and the endpoint come from :class:`ObjectStoreSettings`: ``PRECURSOR
 With none set, s3fs falls back on the usual AWS chain (profiles, instance roles). Secrets are ``SecretStr``: they never
 show in a repr, a log line or a validation error.
 
+A store that refuses or cannot be reached fails in one way wherever it is used: :func:`filesystem` asks the store
+once per process and bucket (one listing of the prefix) and raises :class:`ObjectStoreAccessError`, whose text names
+the URL, the endpoint, what failed and the variable to check, never a secret; :func:`explain` turns what the store's
+client raises later into the same error. Without this a missing bucket would read as an empty prefix (s3fs calls it
+``FileNotFoundError``), and a wrong key would surface as a botocore traceback from wherever it was first used.
+
 >>> as_location("s3://bucket/labeled"), as_location("/data/labeled"), as_location("file:///data/labeled")
 ('s3://bucket/labeled', PosixPath('/data/labeled'), PosixPath('/data/labeled'))
 >>> join("s3://bucket/registry/", "precursor-lm", "1.0"), join(Path("/r"), "precursor-lm")
@@ -21,6 +27,7 @@ show in a repr, a log line or a validation error.
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -40,6 +47,24 @@ class ObjectStoreError(RuntimeError):
 
 class MissingExtraError(ObjectStoreError):
     """The fsspec implementation a URL needs is not installed."""
+
+
+FailureKind = Literal[
+    "credentials refused", "access denied", "no credentials", "no such bucket", "endpoint unreachable", "request failed"
+]
+
+
+class ObjectStoreAccessError(ObjectStoreError):
+    """The object store refused a request or could not be reached; ``kind`` says which, the text names the URL, the
+    endpoint and the setting to check. Made by :func:`explain`."""
+
+    def __init__(self, message: str, kind: FailureKind) -> None:
+        # Both in args: a copy made from them (pickling, Beam's step annotation) keeps the kind.
+        super().__init__(message, kind)
+        self.kind: FailureKind = kind
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 def is_url(location: Path | str) -> bool:
@@ -132,7 +157,9 @@ class ObjectStoreSettings(BaseSettings):
 def filesystem(location: Path | str, settings: ObjectStoreSettings | None = None) -> tuple[AbstractFileSystem, str]:
     """The fsspec filesystem that holds ``location``, and the path of ``location`` in it.
 
-    Raises :class:`MissingExtraError` naming the extra to install when the URL's filesystem is not installed.
+    Raises :class:`MissingExtraError` naming the extra to install when the URL's filesystem is not installed, and
+    :class:`ObjectStoreAccessError` when an S3 store refuses the credentials, has no such bucket or does not answer
+    (asked the first time this process meets the bucket with these settings).
     """
     try:
         import fsspec
@@ -146,15 +173,159 @@ def filesystem(location: Path | str, settings: ObjectStoreSettings | None = None
         return LocalFileSystem(), str(Path(location).absolute())
     assert isinstance(location, str)
     protocol = urllib.parse.urlsplit(location).scheme
-    options = (settings or ObjectStoreSettings()).storage_options(protocol)
+    settings = settings or ObjectStoreSettings()
+    options = settings.storage_options(protocol)
     try:
-        return fsspec.core.url_to_fs(location, **options)
+        fs, path = fsspec.core.url_to_fs(location, **options)
     except ImportError as err:
         extra = S3_EXTRA if protocol in S3_PROTOCOLS else None
         hint = f"pip install 'precursor[{extra}]'" if extra else str(err)
         raise MissingExtraError(f"{location}: the {protocol}:// filesystem is not installed: {hint}") from None
     except ValueError as err:  # an unknown protocol
         raise ObjectStoreError(f"{location}: {err}") from None
+    if protocol in S3_PROTOCOLS:
+        _reach(fs, path, location, settings)
+    return fs, path
+
+
+_REACHED: set[tuple[Any, str]] = set()
+"""(filesystem, bucket) pairs this process has reached once: each is asked only the first time."""
+
+
+def _reach(fs: AbstractFileSystem, path: str, location: str, settings: ObjectStoreSettings) -> None:
+    """One listing of the prefix, the first time this filesystem (its endpoint and credentials) meets this bucket, so
+    that refused credentials, a missing bucket or a dead endpoint fail here, before any work, as one
+    :class:`ObjectStoreAccessError`. A listing the bucket's policy denies passes: the store knew the key, and a
+    principal that may only read one object (an edge fetching a packed archive) needs no listing."""
+    bucket, _, prefix = path.partition("/")
+    seen = (fs._fs_token, bucket)
+    if seen in _REACHED:
+        return
+    try:
+        fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1)
+    except Exception as err:
+        failure = explain(err, location, settings)
+        if failure is None:
+            raise
+        if failure.kind != "access denied":
+            raise failure from None
+    _REACHED.add(seen)
+
+
+def variables(field: str) -> str:
+    """The environment variables an :class:`ObjectStoreSettings` field is read from, as an error names them."""
+    alias = ObjectStoreSettings.model_fields[field].validation_alias
+    names = [str(n) for n in alias.choices] if isinstance(alias, AliasChoices) else [f"PRECURSOR_S3_{field.upper()}"]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def _causes(err: BaseException) -> Iterator[BaseException]:
+    """``err`` and what it was raised from or while handling (s3fs raises its own error from botocore's)."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def explain(
+    err: BaseException, location: Path | str, settings: ObjectStoreSettings | None = None
+) -> ObjectStoreAccessError | None:
+    """What the store's client raised for a request about ``location``, as an :class:`ObjectStoreAccessError` that
+    names the URL, the endpoint, what failed and the variable to check; None when ``err`` did not come from the store
+    (a missing key under a bucket that exists is left to the caller, as ``FileNotFoundError``).
+
+    The text is made from the URL, the endpoint, the access key id (an identifier, not a secret) and the store's
+    error code: never from the settings' secrets.
+    """
+    try:
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            ConnectTimeoutError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            PartialCredentialsError,
+        )
+    except ImportError:  # without the s3 extra nothing could have reached a store
+        return None
+    settings = settings or ObjectStoreSettings()
+    url = describe(location)
+    store = f"the object store at {settings.endpoint_url}" if settings.endpoint_url else "AWS S3 (default endpoint)"
+    key_id = repr(settings.access_key_id) if settings.access_key_id else "(from the AWS profile or role)"
+    endpoint_vars = variables("endpoint_url")
+
+    def failure(kind: FailureKind, detail: str, check: str) -> ObjectStoreAccessError:
+        return ObjectStoreAccessError(f"{url}: {kind}: {detail}; check {check}", kind)
+
+    unexplained: BaseException | None = None
+    for cause in _causes(err):
+        if isinstance(cause, ObjectStoreAccessError):
+            return cause
+        if isinstance(cause, (EndpointConnectionError, ConnectTimeoutError)):
+            what = "timed out" if isinstance(cause, ConnectTimeoutError) else "no connection"
+            return failure(
+                "endpoint unreachable",
+                f"{store} does not answer ({what})",
+                f"{endpoint_vars}, and that the store is running and reachable from here",
+            )
+        if isinstance(cause, (NoCredentialsError, PartialCredentialsError)):
+            return failure(
+                "no credentials",
+                f"no complete credentials to sign requests to {store} with",
+                f"{variables('access_key_id')} and {variables('secret_access_key')} "
+                f"(or {variables('anonymous')}=true for a public bucket)",
+            )
+        if isinstance(cause, ClientError):
+            error = cause.response.get("Error", {})
+            code = str(error.get("Code") or "")
+            if code == "NoSuchBucket":
+                bucket = error.get("BucketName") or urllib.parse.urlsplit(url).netloc
+                return failure(
+                    "no such bucket", f"{store} has no bucket {bucket!r}", f"the bucket in the URL and {endpoint_vars}"
+                )
+            if code == "InvalidAccessKeyId":
+                return failure(
+                    "credentials refused",
+                    f"{store} knows no access key id {key_id} ({code})",
+                    variables("access_key_id"),
+                )
+            if code == "SignatureDoesNotMatch":
+                return failure(
+                    "credentials refused",
+                    f"{store} refuses the secret key given for access key id {key_id} ({code})",
+                    variables("secret_access_key"),
+                )
+            if code in ("ExpiredToken", "InvalidToken", "TokenRefreshRequired"):
+                return failure(
+                    "credentials refused", f"{store} refuses the session token ({code})", variables("session_token")
+                )
+            if code == "AuthorizationHeaderMalformed":  # most often a region that is not the bucket's
+                return failure(
+                    "credentials refused",
+                    f"{store} refuses how the request was signed ({code}: {error.get('Message', '')})",
+                    variables("region"),
+                )
+            status = cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("AccessDenied", "AllAccessDisabled", "403") or status == 403:
+                # A HEAD request's 403 has no body: a wrong key and a missing permission look the same.
+                reason = code if code != "403" else "403 Forbidden: wrong credentials, or no permission"
+                return failure(
+                    "access denied",
+                    f"{store} denies access key id {key_id} this request ({reason})",
+                    f"{variables('access_key_id')}, {variables('secret_access_key')} and the bucket's policy",
+                )
+            unexplained = unexplained or cause
+        elif isinstance(cause, BotoCoreError):
+            unexplained = unexplained or cause
+    if unexplained is not None:
+        return failure(
+            "request failed",
+            f"{store} failed the request: {type(unexplained).__name__}: {unexplained}",
+            f"{endpoint_vars} and the store's own log",
+        )
+    return None
 
 
 def is_local(fs: AbstractFileSystem) -> bool:
