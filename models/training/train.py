@@ -16,6 +16,9 @@ The recipe (nanoGPT's habits, as importable functions rather than a script):
 5. Choose the alert threshold on validation (best F1), fit the calibration map on validation's risks
    (:mod:`models.edge.calibration`) and express the threshold on its scale, write the checkpoint folder, and, given a
    signing key, export the signed int8 ONNX artifact (:mod:`models.training.export`).
+   With ``refit``, the model saved in step 5 is first trained again from the same start on training and validation
+   windows together for the chosen step's worth of epochs (:func:`refit_on_everything`); the threshold and calibration
+   stay the ones chosen on validation.
 
 Torch uses ``threads`` CPU threads: 1 by default, at most 2. On a shared machine one thread is faster than two
 (two threads spin-wait on each other whenever the other is descheduled).
@@ -142,6 +145,12 @@ class TrainSettings(BaseModel):
     # Where training runs: the edge never trains, but a cloud retraining worker may have a GPU. The exported model is
     # the same either way (weights come back to the CPU before export).
     device: Annotated[str, Field(pattern=r"^(cpu|auto|cuda(:\d+)?)$")] = "cpu"
+    # Train the final model again on training + validation windows once validation has chosen the step, threshold and
+    # calibration (train_on_windows, issue #17 item 3): the validation period holds the last failures, 37 % of the
+    # windows on a 20-machine fleet, and without a refit the saved model never learns them. The refit starts afresh
+    # from the same seed for the chosen step scaled by how many more windows it sees, and keeps the weights at the end.
+    # It shares max_minutes with the selection run. Off by default: see BENCHMARKS.md, "Refit on all the data".
+    refit: bool = False
     # split
     validation_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
     min_validation_failures: Annotated[int, Field(ge=1)] = 3
@@ -206,6 +215,19 @@ class EncodedWindows:
             body_start=self.body_start[rows],
             followups=self.followups[rows],
             values=None if self.values is None else [self.values[i] for i in rows],
+        )
+
+    def concat(self, other: EncodedWindows) -> EncodedWindows:
+        """These windows, then ``other``'s: a refit learns training and validation windows as one set."""
+        if (self.values is None) != (other.values is None):
+            raise ValueError("cannot join windows encoded with values to windows encoded without")
+        return EncodedWindows(
+            ids=[*self.ids, *other.ids],
+            targets=np.concatenate([self.targets, other.targets]),
+            failed=np.concatenate([self.failed, other.failed]),
+            body_start=np.concatenate([self.body_start, other.body_start]),
+            followups=np.concatenate([self.followups, other.followups]),
+            values=None if self.values is None or other.values is None else [*self.values, *other.values],
         )
 
     @classmethod
@@ -359,12 +381,14 @@ def fit_model(
     model: PreTrainedModel,
     tokenizer: TelemetryTokenizer,
     train: EncodedWindows,
-    validation: EncodedWindows,
+    validation: EncodedWindows | None,
     settings: TrainSettings,
     progress: Progress = NO_PROGRESS,
 ) -> FitResult:
     """Train, scoring validation every ``eval_every`` steps; return the model as it was at its best validation step.
 
+    Without ``validation`` (a refit on every window, whose step was chosen before) nothing is chosen: the model is
+    the one at the end (its moving average), and the history holds the training losses only.
     ``progress`` is told each step (the current stage's total is ``max_steps``; the time budget may end it early).
     """
     torch.set_num_threads(settings.threads)
@@ -431,28 +455,33 @@ def fit_model(
         out_of_time = time.monotonic() >= deadline
         if step % settings.eval_every == 0 or step == settings.max_steps or out_of_time:
             scored = averaged.module if averaged is not None else model
-            scores = validation_scores(scored, tokenizer, validation)
-            pr_auc = average_precision(validation.failed, scores) or 0.0
-            validation_nll = log_loss(validation.failed, scores)
+            on_validation: dict[str, float] = {}
+            if validation is not None:
+                scores = validation_scores(scored, tokenizer, validation)
+                pr_auc = average_precision(validation.failed, scores) or 0.0
+                validation_nll = log_loss(validation.failed, scores)
+                on_validation = {"validation_pr_auc": pr_auc, "validation_outcome_nll": validation_nll}
             record = {
                 "step": step,
                 "seconds": round(time.monotonic() - started, 1),
                 "train_outcome_loss": float(running[0] / running[3]),
                 "train_followup_loss": float(running[1] / running[3]),
                 "train_body_loss": float(running[2] / running[3]),
-                "validation_pr_auc": pr_auc,
-                "validation_outcome_nll": validation_nll,
+                **on_validation,
             }
             history.append(record)
             log.info("step %d: %s", step, record)
             running[:] = 0
-            if (pr_auc, -validation_nll) > best:
+            if validation is not None and (pr_auc, -validation_nll) > best:
                 best = (pr_auc, -validation_nll)
                 best_state = copy.deepcopy(scored.state_dict())
                 best_step, best_metrics = step, {"pr_auc": pr_auc, "outcome_nll": validation_nll}
             model.train()
         if out_of_time:
             break
+    if validation is None:
+        best_state = copy.deepcopy((averaged.module if averaged is not None else model).state_dict())
+        best_step = step
     if best_state is not None:
         model.load_state_dict(best_state)
     model.to("cpu")  # export, saving and the scorers downstream work on the CPU
@@ -542,6 +571,45 @@ def fresh_model(
     return model
 
 
+def refit_on_everything(
+    fits: Sequence[FitResult],
+    tokenizer: TelemetryTokenizer,
+    train: EncodedWindows,
+    validation: EncodedWindows,
+    settings: TrainSettings,
+    architecture: ModelConfig | None,
+    budget_s: float,
+    progress: Progress = NO_PROGRESS,
+) -> list[FitResult]:
+    """Each selected model trained again from its own seed on training + validation windows, with nothing chosen.
+
+    Its chosen step scaled by how many more windows the refit sees keeps the epochs about the same (the step was
+    chosen for that much learning, not for that many updates); its own warm-up and cosine schedule run over those
+    steps. ``budget_s`` is what the selection left of the time budget, shared by the members; a refit that would not
+    fit in its share is cut to the steps that do (from the selection run's time a step), and says so.
+    """
+    everything = train.concat(validation)
+    scale = len(everything.ids) / len(train.ids)
+    refits: list[FitResult] = []
+    for member, fit in enumerate(fits):
+        left_s = max(budget_s - sum(done.seconds for done in refits), 0.0) / (len(fits) - member)
+        steps_run = int(fit.history[-1]["step"]) if fit.history else max(fit.step, 1)
+        step_s = fit.seconds / max(steps_run, 1)  # with its validation scoring: a refit step costs less
+        wanted = max(1, round(fit.step * scale))
+        steps = max(1, min(wanted, int(left_s / step_s) if step_s > 0 else wanted))
+        if steps < wanted:
+            log.warning("refit of seed %d: %d steps fit in the %.0f s left, not %d", fit.seed, steps, left_s, wanted)
+        member_settings = settings.model_copy(
+            update={"seed": fit.seed, "max_steps": steps, "max_minutes": max(left_s, 1.0) / 60}
+        )
+        member_name = f" member {member + 1} of {len(fits)}" if len(fits) > 1 else ""
+        progress.stage(f"refitting{member_name} on training + validation (steps)", total=steps)
+        model = fresh_model(tokenizer, member_settings, architecture)
+        refits.append(fit_model(model, tokenizer, everything, None, member_settings, progress))
+        log.info("refit of seed %d: %d steps on %d windows", fit.seed, refits[-1].step, len(everything.ids))
+    return refits
+
+
 def train_on_windows(
     train_windows: Sequence[LabeledWindow],
     validation_windows: Sequence[LabeledWindow],
@@ -579,11 +647,18 @@ def train_on_windows(
     validation_encoded = EncodedWindows.of(tokenizer, validation_windows, values=settings.value_channel)
 
     architecture = model_config_for(tokenizer, settings) if settings.backbone is None else None
+    # A refit to come takes its steps' share of the time budget: about the selection run's steps again, scaled by how
+    # many more windows it learns.
+    selection_minutes = (
+        settings.max_minutes * len(train_windows) / (2 * len(train_windows) + len(validation_windows))
+        if settings.refit
+        else settings.max_minutes
+    )
     fits = []
     for member in range(settings.members):
         # Each member from its own seed, with an equal share of the time; one member is exactly a plain run.
         member_settings = settings.model_copy(
-            update={"seed": settings.seed + member, "max_minutes": settings.max_minutes / settings.members}
+            update={"seed": settings.seed + member, "max_minutes": selection_minutes / settings.members}
         )
         member_name = f" member {member + 1} of {settings.members}" if settings.members > 1 else ""
         progress.stage(f"training{member_name} (steps)", total=settings.max_steps)
@@ -629,6 +704,32 @@ def train_on_windows(
         "failed_windows": int(validation_encoded.failed.sum()),
         "failures": failures_in(validation_windows),
     }
+    refit: dict[str, Any] = {}
+    if settings.refit:
+        budget_s = settings.max_minutes * 60 - sum(fit.seconds for fit in fits)
+        refits = refit_on_everything(
+            fits, tokenizer, train_encoded, validation_encoded, settings, architecture, budget_s, progress
+        )
+        model = refits[0].model if len(refits) == 1 else EnsembleLM([fit.model for fit in refits]).eval()
+        refit_scores = validation_scores(model, tokenizer, validation_encoded)  # type: ignore[arg-type]
+        refit = {
+            "windows": len(train_windows) + len(validation_windows),
+            "failed_windows": int(train_encoded.failed.sum() + validation_encoded.failed.sum()),
+            "failures": failures_in([*train_windows, *validation_windows]),
+            "steps": [fit.step for fit in refits],
+            "selected_steps": [fit.step for fit in fits],
+            "seconds": round(sum(fit.seconds for fit in refits), 1),
+            "histories": [fit.history for fit in refits],
+        }
+        # The threshold and calibration stay the selected model's, chosen out of sample. What the saved model does on
+        # the same windows, which it has now learned, says how far its risks moved (in sample, so optimistic).
+        validation["refit_in_sample"] = {
+            "pr_auc": average_precision(validation_encoded.failed, refit_scores) or 0.0,
+            "alert_rate": float(np.mean(refit_scores >= raw_threshold)),
+            "selected_alert_rate": float(np.mean(scores >= raw_threshold)),
+        }
+        result = FitResult(model, result.step, result.validation, result.history, result.seconds, settings.seed)  # type: ignore[arg-type]
+        result.seconds += refit["seconds"]
     spec = settings.window_spec()
     meta = CheckpointMeta(
         architecture=model_config_dict(architecture) if architecture is not None else None,
@@ -651,6 +752,7 @@ def train_on_windows(
             "cpu_s": round(time.process_time() - cpu_started, 1),  # tokenizing and training: the flow view's cost
             "history": result.history,
             **({"member_fits": [member_record(fit) for fit in fits]} if len(fits) > 1 else {}),
+            **({"refit": refit} if refit else {}),
         },
         step=result.step,
         validation=validation,
@@ -744,6 +846,10 @@ def describe(meta: CheckpointMeta) -> str:
     """A few lines for the command line: what was trained and how it did on validation."""
     v = meta.validation
     chosen = f"best step {meta.step}" if meta.members == 1 else f"{meta.members} members averaged"
+    refit = meta.training.get("refit")
+    if refit:
+        steps = "/".join(str(s) for s in refit.get("steps", []))
+        chosen += f", then refit for {steps} steps on training + validation ({refit.get('windows', 0):,} windows)"
     return (
         f"parameters {meta.parameters:,}; {chosen}; "
         f"validation PR-AUC {v.get('pr_auc', float('nan')):.3f}; "
