@@ -252,7 +252,8 @@ def explain(
         return None
     settings = settings or ObjectStoreSettings()
     url = describe(location)
-    store = f"the object store at {settings.endpoint_url}" if settings.endpoint_url else "AWS S3 (default endpoint)"
+    endpoint = settings.endpoint_url
+    store = f"the object store at {_shown(endpoint)}" if endpoint else "AWS S3 (default endpoint)"
     key_id = repr(settings.access_key_id) if settings.access_key_id else "(from the AWS profile or role)"
     endpoint_vars = variables("endpoint_url")
 
@@ -333,3 +334,15 @@ def is_local(fs: AbstractFileSystem) -> bool:
     from fsspec.implementations.local import LocalFileSystem
 
     return isinstance(fs, LocalFileSystem)
+
+
+def _shown(endpoint: str) -> str:
+    """An endpoint URL as an error may show it: any ``user:password@`` in it left out.
+
+    >>> _shown("http://key:secret@127.0.0.1:9000/"), _shown("https://s3.example.com")
+    ('http://127.0.0.1:9000/', 'https://s3.example.com')
+    """
+    parts = urllib.parse.urlsplit(endpoint)
+    if "@" not in parts.netloc:
+        return endpoint
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
