@@ -3,6 +3,7 @@ again on training + validation windows."""
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,10 +16,19 @@ import torch
 from safetensors.torch import load_file
 
 import models.training.train as training
+from models.edge.calibration import Calibration, fit_platt
 from models.edge.registry import CONFIG_FILE
 from models.training.dataset import Fleet, LabeledWindow, choose_split, split_windows
 from models.training.model import load_checkpoint
-from models.training.train import EncodedWindows, FitResult, TrainResult, TrainSettings, describe, train_on_windows
+from models.training.train import (
+    EncodedWindows,
+    FitResult,
+    TrainResult,
+    TrainSettings,
+    describe,
+    train_on_windows,
+    validation_scores,
+)
 from tests.test_lm_training import TINY, write_tiny_fleet
 
 FAST = {**TINY, "max_steps": 30, "eval_every": 10, "warmup_steps": 5, "max_minutes": 5.0}
@@ -76,6 +86,13 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Call]]:
     yield seen
 
 
+def selection_model(call: Call, like: torch.nn.Module) -> torch.nn.Module:
+    """The model validation chose, rebuilt from the weights a call recorded."""
+    model = copy.deepcopy(like)
+    model.load_state_dict(call.result.model)  # type: ignore[arg-type]
+    return model.eval()
+
+
 def saved_weights(result: TrainResult) -> dict[str, torch.Tensor]:
     return load_file(result.checkpoint_dir / "model.safetensors")
 
@@ -116,10 +133,17 @@ def test_refit_learns_training_and_validation_and_is_what_gets_saved(
     assert meta["training"]["seconds"] >= round(selection.result.seconds + refit.result.seconds, 1) - 0.1
     assert f"refit for {wanted} steps on training + validation" in describe(result.meta)
 
-    # the threshold and calibration are the selected model's, chosen out of sample: the saved model scores the
-    # validation windows in sample, and that is no ground to choose on
-    _, _, reloaded = load_checkpoint(result.checkpoint_dir)
-    assert reloaded.threshold == result.meta.threshold
+    # the threshold and calibration map are the selected model's, chosen out of sample: fitted on its validation
+    # risks, not on the saved model's (which learned those windows)
+    model, tokenizer, reloaded = load_checkpoint(result.checkpoint_dir)
+    encoded = EncodedWindows.of(tokenizer, validation)
+    failed = [w.failed for w in validation]
+    selected = fit_platt(failed, validation_scores(selection_model(selection, model), tokenizer, encoded))
+    calibration = Calibration.model_validate(meta["calibration"])
+    assert (calibration.a, calibration.b) == pytest.approx((selected.a, selected.b))
+    assert reloaded.threshold == pytest.approx(calibration.probability(meta["validation"]["raw_threshold"]))
+    refit_map = fit_platt(failed, validation_scores(model, tokenizer, encoded))
+    assert selected.is_identity or (refit_map.a, refit_map.b) != (calibration.a, calibration.b)
 
 
 def test_refit_off_saves_the_model_validation_chose(
