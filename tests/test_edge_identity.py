@@ -285,6 +285,7 @@ def test_a_store_from_before_judging_keeps_its_heartbeats_as_unsigned(tmp_path: 
         pass  # every table of today's store; heartbeats then as they were before judging
     with duckdb.connect(str(path)) as con:
         con.execute("DROP TABLE heartbeats")
+        con.execute("DROP TABLE store_schema")  # a store from before judging predates the schema digest too
         con.execute(
             "CREATE TABLE heartbeats (edge_id VARCHAR NOT NULL, seq BIGINT NOT NULL, ts TIMESTAMPTZ NOT NULL, "
             "model_name VARCHAR NOT NULL, model_version VARCHAR NOT NULL, model_sha256 VARCHAR, outbox_depth BIGINT "
