@@ -29,7 +29,6 @@ is configured or the edge runs no artifact, e.g. a built-in baseline).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,12 +36,13 @@ from typing import Any, Literal
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from models.edge.object_registry import version_objects
 from models.edge.registry import MANIFEST_FILE, artifact_sha256, manifest_sha256
 from models.edge.signing import SignatureError, key_id, public_key_from_text, verify
 from pipelines.records import HeartbeatRecord, heartbeat_record
 from precursor.contracts.enrollment import EnrolledKey, EnrollmentError, parse_enrolled_edges
 from precursor.contracts.messages import Heartbeat
-from precursor.contracts.object_store import as_location, filesystem
+from precursor.contracts.object_store import as_location
 
 Trust = Literal["verified", "unsigned", "forged"]
 TRUST_STATES: tuple[Trust, ...] = ("verified", "unsigned", "forged")
@@ -127,12 +127,7 @@ def release_hashes(registry: Path | str) -> set[str]:
     each ``ROOT/<model_name>/<version>/``. ``registry`` is a folder or an object store URL."""
     location = as_location(registry)
     if isinstance(location, str):
-        fs, root = filesystem(location)
-        root = root.rstrip("/")
-        keys = fs.find(root)
-        if not keys:
-            raise FileNotFoundError(f"model registry {location} holds nothing")
-        manifests = [p for p in keys if re.fullmatch(rf"[^/]+/[^/]+/{re.escape(MANIFEST_FILE)}", p[len(root) + 1 :])]
+        fs, _, manifests = version_objects(location, [MANIFEST_FILE])
         return {manifest_sha256(fs.cat_file(p)) for p in manifests}
     if not location.is_dir():
         raise FileNotFoundError(f"model registry {location} is not a directory")

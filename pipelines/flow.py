@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -49,11 +48,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from infra.energy import Cost, EnergySettings, PowerModel, estimate
 from infra.kafka_admin import BrokerUnreachable, TopicBacklog, check_reachable, consumer_lag
+from models.edge.object_registry import version_objects
 from models.edge.registry import CONFIG_FILE
 from pipelines.edge_trust import HeartbeatJudge
 from pipelines.run_log import CONSUMER, ingest_group, ledger_stages
 from precursor.contracts.messages import EdgeFlow, Heartbeat
-from precursor.contracts.object_store import ObjectStoreError, filesystem, is_url
+from precursor.contracts.object_store import ObjectStoreError, is_url
 from precursor.contracts.settings import KafkaSettings, Topics
 from precursor.store.db import StoreBusy
 from precursor.store.queries import reading
@@ -413,14 +413,7 @@ def _newest_config(registry: Path | str) -> tuple[str, bytes] | None:
     if not is_url(registry):
         found = sorted(Path(registry).glob(f"*/*/{CONFIG_FILE}"), key=lambda p: p.stat().st_mtime)
         return (found[-1].parent.name, found[-1].read_bytes()) if found else None
-    fs, root = filesystem(str(registry))
-    root = root.rstrip("/")
-    fs.invalidate_cache()
-    configs = {
-        key: info
-        for key, info in fs.find(root, detail=True).items()
-        if re.fullmatch(rf"[^/]+/[^/]+/{re.escape(CONFIG_FILE)}", key[len(root) + 1 :])
-    }
+    fs, _, configs = version_objects(str(registry), [CONFIG_FILE])  # nothing there: FileNotFoundError, caught above
     if not configs:
         return None
     key = max(configs, key=lambda k: (configs[k].get("LastModified") or configs[k].get("mtime") or 0, k))

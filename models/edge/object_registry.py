@@ -14,11 +14,12 @@ under ``cache_dir`` (default ``<state_dir>/cache/registry``), which ``root`` and
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from models.edge.registry import (
     _VERSION,
@@ -55,6 +56,24 @@ def open_registry(
     if is_url(location):
         return ObjectStoreRegistry(str(location), trusted_keys, model_name, settings=settings, cache_dir=cache_dir)
     return ModelRegistry(location, trusted_keys, model_name)
+
+
+def version_objects(
+    url: str, names: Iterable[str], settings: ObjectStoreSettings | None = None
+) -> tuple[AbstractFileSystem, str, dict[str, dict[str, Any]]]:
+    """The objects ``ROOT/<model_name>/<version>/<name>`` of a registry at ``url``, for each of ``names``, listed
+    afresh: ``(filesystem, root, key -> the store's info on it)``. For readers that want a few small files of every
+    version (manifests, ``precursor.json``) without a registry object per model name. Raises ``FileNotFoundError``
+    naming ``url`` where nothing is stored under it."""
+    fs, root = filesystem(url, settings)
+    root = root.rstrip("/")
+    fs.invalidate_cache()  # a listing cached earlier would miss versions published since
+    found = fs.find(root, detail=True)
+    if not found:
+        raise FileNotFoundError(f"model registry {url} holds nothing")
+    wanted = "|".join(re.escape(name) for name in names)
+    pattern = re.compile(rf"[^/]+/[^/]+/(?:{wanted})")
+    return fs, root, {key: info for key, info in found.items() if pattern.fullmatch(key[len(root) + 1 :])}
 
 
 def download_objects(fs: AbstractFileSystem, prefix: str, keys: Iterable[str], target: Path, where: str) -> None:

@@ -13,7 +13,6 @@ Torch-free: the API imports this.
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from models.edge.calibration import Calibration, ReliabilityBin, calibration_of
-from models.edge.object_registry import download_objects
+from models.edge.object_registry import download_objects, version_objects
 from models.edge.registry import (
     CONFIG_FILE,
     MANIFEST_FILE,
@@ -32,7 +31,7 @@ from models.edge.registry import (
     _read_signed,
     read_verified_file,
 )
-from precursor.contracts.object_store import ObjectStoreSettings, filesystem, is_url
+from precursor.contracts.object_store import ObjectStoreSettings, is_url
 
 
 class ValidationCalibration(BaseModel):
@@ -138,14 +137,7 @@ def _object_store_calibrations(url: str, settings: ObjectStoreSettings | None) -
     """:func:`registry_calibrations` of a registry in an object store: each version's manifest, signature and
     ``precursor.json`` (a few KB; never the model) are copied into a scratch folder laid out as a local registry and
     read there by the same code, each file checked against its manifest as a local one is. Errors name the URL."""
-    fs, root = filesystem(url, settings)
-    root = root.rstrip("/")
-    fs.invalidate_cache()  # a listing cached earlier would miss versions published since
-    keys = fs.find(root)
-    if not keys:
-        raise FileNotFoundError(f"model registry {url} holds nothing")
-    names = "|".join(re.escape(n) for n in _SMALL_FILES)
-    wanted = [k for k in keys if re.fullmatch(rf"[^/]+/[^/]+/(?:{names})", k[len(root) + 1 :])]
+    fs, root, wanted = version_objects(url, _SMALL_FILES, settings)
     with tempfile.TemporaryDirectory(prefix="registry-") as scratch:
         mirror = Path(scratch) / "registry"
         mirror.mkdir()
