@@ -63,7 +63,15 @@ from pipelines.engines import LOCAL, EngineSettings, counters, engine
 from pipelines.records import HOUR_US, MICROS
 from pipelines.settings import PipelineSettings
 from pipelines.snapshot import take_snapshot
-from precursor.contracts.object_store import ObjectStoreSettings, as_location, describe, filesystem, is_local, join
+from precursor.contracts.object_store import (
+    ObjectStoreSettings,
+    as_location,
+    describe,
+    explained,
+    filesystem,
+    is_local,
+    join,
+)
 from precursor.contracts.outcomes import ANY_FAILURE, OK, failure_kind
 
 if TYPE_CHECKING:
@@ -261,7 +269,12 @@ def write_day(table: pa.Table, dataset: Path | str, day: str, settings: ObjectSt
     Readers see the old file or the new one, never half of one: a local file is written aside and renamed, an object
     is one PUT.
     """
-    fs, target = filesystem(day_file(dataset, day), settings)
+    with explained(dataset, settings):
+        return _write_day(table, day_file(dataset, day), settings)
+
+
+def _write_day(table: pa.Table, location: Path | str, settings: ObjectStoreSettings | None) -> bool:
+    fs, target = filesystem(location, settings)
     existing = _read_bytes(fs, target)
     if existing is not None and pq.read_table(pa.BufferReader(existing), schema=SCHEMA).equals(table):
         return False
@@ -359,12 +372,13 @@ class LabelingReport:
 
 def write_manifest(dataset: Path | str, settings: ObjectStoreSettings | None = None) -> None:
     manifest = {"format": DATASET_FORMAT, "label_rule": LABEL_RULE, "partitioning": "hive: day=YYYY-MM-DD"}
-    fs, path = filesystem(join(dataset, "_dataset.json"), settings)
     data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
-    if _read_bytes(fs, path) != data:
-        if is_local(fs):
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fs.pipe_file(path, data)
+    with explained(dataset, settings):
+        fs, path = filesystem(join(dataset, "_dataset.json"), settings)
+        if _read_bytes(fs, path) != data:
+            if is_local(fs):
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            fs.pipe_file(path, data)
 
 
 def dataset_exists(dataset: Path | str, settings: ObjectStoreSettings | None = None) -> bool:

@@ -62,6 +62,9 @@ def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log deb
     # warns at import that BigQuery's client is missing (we never use it). Real errors still show.
     logging.getLogger("kafka").setLevel(logging.DEBUG if verbose else logging.ERROR)
     logging.getLogger("apache_beam").setLevel(logging.DEBUG if verbose else logging.WARNING)
+    # A pipeline step that raises is logged by Beam's DoFn runner, traceback and all, before the same exception reaches
+    # the command, which reports it as one line (or with its traceback, if it is not one the command knows).
+    logging.getLogger("apache_beam.runners.common").setLevel(logging.DEBUG if verbose else logging.CRITICAL)
     # Libraries that log through the root logger (ONNX Runtime's quantizer, Beam's GCP import) only speak up for
     # warnings; our own modules log under their names at INFO.
     for handler in logging.getLogger().handlers:

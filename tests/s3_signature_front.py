@@ -5,6 +5,8 @@ Signature Version 4 against one known key pair and answers as S3 does when it do
 InvalidAccessKeyId`` for a key id it does not know, ``403 SignatureDoesNotMatch`` for a signature the secret does not
 make. A request that verifies is passed on to the server unchanged, so the clients see a real S3 exchange either way.
 A key can be made a reader, whose policy allows reading objects but not listing: its listings get ``403 AccessDenied``.
+A key can be made read-only, whose policy allows listing and reading but no write: its PUT, POST and DELETE requests
+get ``403 AccessDenied``.
 """
 
 from __future__ import annotations
@@ -64,10 +66,16 @@ def expected_signature(
 
 
 def refusal(
-    authorization: str, keys: dict[str, str], readers: frozenset[str], method: str, target: str, headers: dict[str, str]
+    authorization: str,
+    keys: dict[str, str],
+    readers: frozenset[str],
+    method: str,
+    target: str,
+    headers: dict[str, str],
+    read_only: frozenset[str] = frozenset(),
 ) -> str:
-    """The S3 error code for a request that none of ``keys`` (key id -> secret) signs, or that a reader may not make
-    (a listing); '' when it may go on."""
+    """The S3 error code for a request that none of ``keys`` (key id -> secret) signs, that a reader may not make (a
+    listing) or that a read-only key may not make (a write); '' when it may go on."""
     if not authorization.startswith(ALGORITHM + " "):
         return "AccessDenied"
     fields = dict(part.strip().split("=", 1) for part in authorization[len(ALGORITHM) + 1 :].split(","))
@@ -81,7 +89,8 @@ def refusal(
         return "SignatureDoesNotMatch"
     path, _, query = target.partition("?")
     listing = method == "GET" and ("list-type=" in query or path.strip("/").count("/") == 0)
-    return "AccessDenied" if given_key in readers and listing else ""
+    writing = method in ("PUT", "POST", "DELETE")
+    return "AccessDenied" if (given_key in readers and listing) or (given_key in read_only and writing) else ""
 
 
 MESSAGES = {
@@ -95,7 +104,13 @@ MESSAGES = {
 class SignatureCheckingFront:
     """``127.0.0.1:port`` in front of the S3 server at ``upstream``; see the module text. A context manager."""
 
-    def __init__(self, upstream_port: int, keys: dict[str, str], readers: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        upstream_port: int,
+        keys: dict[str, str],
+        readers: frozenset[str] = frozenset(),
+        read_only: frozenset[str] = frozenset(),
+    ) -> None:
         self.port = free_ports(1)[0]
         front = self
 
@@ -108,7 +123,9 @@ class SignatureCheckingFront:
             def _handle(self) -> None:
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 body = self.rfile.read(int(headers.get("content-length") or 0))
-                code = refusal(headers.get("authorization", ""), keys, readers, self.command, self.path, headers)
+                code = refusal(
+                    headers.get("authorization", ""), keys, readers, self.command, self.path, headers, read_only
+                )
                 if code:
                     self._answer(403, {"Content-Type": "application/xml"}, front.error_xml(code))
                     return

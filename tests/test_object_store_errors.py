@@ -14,7 +14,10 @@ that may read objects but not list them still fetches a packed release.
 from __future__ import annotations
 
 import logging
+import os
 import pickle
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,14 +53,18 @@ SECRET = f"s3-secret-{uuid.uuid4().hex}"
 """The one secret the front takes for ``KEY_ID``."""
 READER_ID, READER_SECRET = "edge-reader", f"reader-secret-{uuid.uuid4().hex}"
 """A key whose policy lets it read objects but not list them (``s3:GetObject`` only), as an edge's may be."""
+LISTER_ID, LISTER_SECRET = "dashboard", f"lister-secret-{uuid.uuid4().hex}"
+"""A read-only key: it may list and read but not write (a key meant for dashboards, given to a writer by mistake)."""
 WRONG_SECRET = f"wrong-secret-{uuid.uuid4().hex}"
 SENSORS = ("pressure", "temp", "vib")
 
 
 @pytest.fixture(scope="module")
 def front(s3_server: LocalS3) -> Iterator[SignatureCheckingFront]:
-    keys = {KEY_ID: SECRET, READER_ID: READER_SECRET}
-    with SignatureCheckingFront(s3_server.port, keys, readers=frozenset({READER_ID})) as checking:
+    keys = {KEY_ID: SECRET, READER_ID: READER_SECRET, LISTER_ID: LISTER_SECRET}
+    with SignatureCheckingFront(
+        s3_server.port, keys, readers=frozenset({READER_ID}), read_only=frozenset({LISTER_ID})
+    ) as checking:
         yield checking
 
 
@@ -138,7 +145,7 @@ def assert_one_clear_line(output: str, url: str, failure: Failure) -> None:
     assert f"{url}: {failure.kind}: " in lines[0], output
     for part in failure.says:
         assert part in lines[0], (part, output)
-    assert not any(secret in output for secret in (SECRET, WRONG_SECRET, READER_SECRET))
+    assert not any(secret in output for secret in (SECRET, WRONG_SECRET, READER_SECRET, LISTER_SECRET))
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -223,6 +230,52 @@ def test_the_registry_the_dataset_reader_and_the_ingests_release_list_raise_the_
         assert raised.kind == failing.kind and str(raised).startswith(f"{url}: {failing.kind}: ")
         assert all(part in str(raised) for part in failing.says), str(raised)
         assert not any(secret in str(raised) for secret in (SECRET, WRONG_SECRET, READER_SECRET))
+
+
+@pytest.mark.integration
+def test_a_key_that_may_list_but_not_write_ends_label_and_publish_with_one_line_naming_the_url(
+    store: Path,
+    s3_env: ObjectStoreSettings,
+    s3_server: LocalS3,
+    front: SignatureCheckingFront,
+    s3_prefix: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first listing passes for such a key, so only the first write meets the denial, inside a Beam step or the
+    registry's upload: s3fs raises a bare PermissionError there that names no URL."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", front.endpoint_url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", LISTER_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", LISTER_SECRET)
+    denied = Failure(
+        "read-only key",
+        s3_server.bucket,
+        {},
+        "access denied",
+        (front.endpoint_url, f"access key id '{LISTER_ID}'", "(AccessDenied)", "bucket's policy"),
+    )
+    base = f"s3://{s3_server.bucket}/{s3_prefix.rsplit('/', 1)[-1]}"
+    dataset = f"{base}/labeled-read-only"
+    # The real command in a process of its own: what a user sees, Beam's own logging included.
+    done = subprocess.run(
+        [sys.executable, "-m", "precursor", "pipeline", "label", "--store", str(store), "--dataset", dataset],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "AWS_MAX_ATTEMPTS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert_one_clear_line(done.stdout + done.stderr, dataset, denied)
+
+    keys = generate_keypair(tmp_path / "keys", "release")
+    artifact = build_artifact(tmp_path, "0.3.0", keys.private_key_path, SENSORS)
+    registry = open_registry(
+        f"{base}/registry-read-only", load_public_keys(keys.public_key_path), cache_dir=tmp_path / "cache"
+    )
+    with pytest.raises(ObjectStoreAccessError) as raised:
+        registry.publish(artifact)
+    assert raised.value.kind == "access denied"
+    assert str(raised.value).startswith(f"{base}/registry-read-only: access denied: "), str(raised.value)
+    assert all(part in str(raised.value) for part in denied.says), str(raised.value)
+    assert LISTER_SECRET not in str(raised.value)
+    assert registry.list() == []  # nothing half-published
 
 
 # --- the edge --------------------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from models.edge.registry import (
     verify_artifact,
 )
 from models.edge.signing import SignatureError, TrustedKeys
-from precursor.contracts.object_store import ObjectStoreSettings, filesystem, is_url
+from precursor.contracts.object_store import ObjectStoreSettings, explained, filesystem, is_url
 from precursor.contracts.settings import PrecursorSettings
 from precursor.contracts.versions import version_key
 
@@ -108,6 +108,7 @@ class ObjectStoreRegistry(ModelRegistry):
             cache_dir = PrecursorSettings().state_dir / "cache" / "registry"
         # One cache folder per registry URL: two registries never share a local copy.
         super().__init__(cache_dir / hashlib.sha256(self.url.encode()).hexdigest()[:16], trusted_keys, model_name)
+        self._settings = settings
         self._fs, self._path = filesystem(self.url, settings)
 
     def __repr__(self) -> str:
@@ -128,7 +129,8 @@ class ObjectStoreRegistry(ModelRegistry):
             return None
 
     def write_pointer(self, name: str, data: bytes) -> None:
-        self._fs.pipe_file(self._remote(name), data)
+        with explained(self.url, self._settings):  # a key that may read but not write: one error naming the URL
+            self._fs.pipe_file(self._remote(name), data)
 
     # --- versions --------------------------------------------------------------------------------------------------
 
@@ -139,7 +141,10 @@ class ObjectStoreRegistry(ModelRegistry):
     def publish(self, artifact_dir: Path | str) -> RegistryEntry:
         """Upload a signed artifact as a new version (its manifest last), then download and verify what landed.
         Refuses tampered or unsigned artifacts and versions already published."""
-        artifact_dir = Path(artifact_dir)
+        with explained(self.url, self._settings):  # a key that may read but not write: one error naming the URL
+            return self._publish(Path(artifact_dir))
+
+    def _publish(self, artifact_dir: Path) -> RegistryEntry:
         manifest = self._verified_for_publishing(artifact_dir)
         self._version_dir(manifest.version)
         remote = self._remote(manifest.version)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -327,6 +328,26 @@ def explain(
             f"{endpoint_vars} and the store's own log",
         )
     return None
+
+
+@contextmanager
+def explained(location: Path | str, settings: ObjectStoreSettings | None = None) -> Iterator[None]:
+    """Whatever the store's client raises inside the block, as the :class:`ObjectStoreAccessError` that names
+    ``location`` (see :func:`explain`); anything that did not come from the store passes unchanged.
+
+    :func:`filesystem`'s first listing catches a store that refuses the key or does not answer; this covers what only a
+    later request meets: a key whose policy may list but not write (s3fs raises a bare ``PermissionError: Access
+    Denied`` that names no URL), an endpoint that goes away mid-run.
+    """
+    try:
+        yield
+    except ObjectStoreError:
+        raise
+    except Exception as err:
+        failure = explain(err, location, settings)
+        if failure is None:
+            raise
+        raise failure from None
 
 
 def is_local(fs: AbstractFileSystem) -> bool:
