@@ -476,3 +476,47 @@ def test_training_looks_for_regimes_and_a_tokenizer_saved_before_them_keeps_its_
     written = json.loads((tmp_path / "tokenizer_config.json").read_text())["precursor_telemetry"]["settings"]
     assert "regimes" not in written  # off: not written, so tokenizers saved before the setting hash as they did
     assert TelemetryTokenizer.load(tmp_path).content_hash == before.content_hash
+
+
+def aged_windows() -> list[Window]:
+    """Windows whose bearing was serviced 10 to 400 hours before their end, failed ones the longest ago."""
+    windows = []
+    for k in range(80):
+        age = 10.0 + 5.0 * k
+        windows.append(
+            make_window(f"m-{k % 4}", seed=k, end=END - timedelta(hours=k), events=[(age, "maintenance:bearing")])
+        )
+    return windows
+
+
+def test_fitted_ages_cut_each_age_at_the_training_quantiles_and_survive_save_and_load(tmp_path) -> None:
+    windows = aged_windows()
+    outcomes = ["bearing" if k >= 60 else "ok" for k in range(len(windows))]  # the oldest services fail
+    settings = TokenizerSettings(horizon_h=24, window_h=12, max_length=128, min_machine_rows=10, bins=8)
+    fixed = TelemetryTokenizer(settings)
+    fixed.fit(windows, outcomes=outcomes)
+    fitted = TelemetryTokenizer(settings.model_copy(update={"fitted_ages": True}))
+    fitted.fit(windows, outcomes=outcomes)
+
+    cut = fitted.state.ages_cut("maint:bearing")
+    assert len(cut) == 7 and list(cut) == sorted(cut) and cut[0] > 10.0 and cut[-1] < 405.0
+    # Half the weight is the failed windows' (ages 310-405): half the edges fall among them.
+    assert sum(c > 305.0 for c in cut) in (3, 4)
+    assert "lastfail" not in fitted.state.age_edges  # no failure in any window: the fixed bins stay
+    bearing_tokens = [t for t in fitted.vocabulary_tokens() if t.startswith("maint:bearing#a")]
+    assert len(bearing_tokens) == 8
+    # The fixed log bins put 336-720 h in one token; the fitted ones tell these ages apart.
+    young, old = (
+        make_window(events=[(345.0, "maintenance:bearing")]),
+        make_window(events=[(400.0, "maintenance:bearing")]),
+    )
+    assert fixed.encode(young) == fixed.encode(old)
+    assert fitted.encode(young) != fitted.encode(old)
+
+    fitted.save(tmp_path / "fitted")
+    loaded = TelemetryTokenizer.load(tmp_path / "fitted")
+    assert loaded.state.age_edges == fitted.state.age_edges and loaded.content_hash == fitted.content_hash
+    assert loaded.encode(old) == fitted.encode(old)
+    fixed.save(tmp_path / "fixed")
+    written = json.loads((tmp_path / "fixed" / "tokenizer_config.json").read_text())["precursor_telemetry"]
+    assert "fitted_ages" not in written["settings"] and "age_edges" not in written  # saved as before the setting
