@@ -40,7 +40,6 @@ batch could differ by about 1e-3 for no reason in the window.
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -53,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from models.edge.features import WindowContext, window_context
 from models.edge.runtime import LMScorer
 from models.edge.scoring import Risk, Window
-from models.edge.tokenizer import TREND, TelemetryTokenizer, TokenizerSettings
+from models.edge.tokenizer import AGE_EDGES_H, TREND, TelemetryTokenizer, TokenizerSettings
 from precursor.contracts.messages import MAX_REASONS, Reason, ReasonDetail
 
 REMOVE = -1
@@ -166,7 +165,7 @@ class OcclusionExplainer:
         self._trend = vocab[TREND]
         # Per token id that names an event or an attribute: how to take it out, as (kind, group name, the id put in
         # its place). A part's age is set back to the bin one horizon old (see the module's docstring).
-        state = tokenizer.state
+        fresh_bin = int(np.searchsorted(AGE_EDGES_H, s.horizon_h, side="right"))
         self._edit: dict[int, tuple[str, str, tuple[int, ...]]] = {}
         for text, i in vocab.items():
             if text.startswith("err:") and text != "err:?":
@@ -175,7 +174,6 @@ class OcclusionExplainer:
                 self._edit[i] = ("event", "error:" + text[len("ev:error:") :], (vocab["ev:error:?"], REMOVE))
             elif text.startswith("maint:"):
                 part = text[len("maint:") :].split("#", 1)[0].split("=", 1)[0]
-                fresh_bin = bisect.bisect_right(state.ages_cut(f"maint:{part}"), s.horizon_h)
                 references = (vocab[f"maint:{part}#a{fresh_bin:02d}"], vocab[f"maint:{part}=never"])
                 self._edit[i] = ("event", f"maintenance:{part}", tuple(r for r in references if r != i))
             elif text.startswith("ev:maintenance:") and text != "ev:maintenance:?":

@@ -42,7 +42,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -73,13 +73,10 @@ CONFIG_FILE = "tokenizer_config.json"
 CONFIG_KEY = "precursor_telemetry"
 FORMAT = "precursor-telemetry-tokenizer/1"
 
-SETTINGS_WRITTEN_WHEN_ON = ("restart_at_failure", "regimes", "fitted_ages")
+SETTINGS_WRITTEN_WHEN_ON = ("restart_at_failure", "regimes")
 PAD, UNK, BOS, TREND = "<pad>", "<unk>", "<bos>", "<trend>"
 AGE_EDGES_H = (1.0, 3.0, 6.0, 12.0, 24.0, 48.0, 96.0, 168.0, 336.0, 720.0, 1440.0, 2880.0, 4320.0, 8760.0)
-"""Bins for "hours since": fixed and log-spaced, from an hour to a year (15 bins). Tokenizers fitted with
-``fitted_ages`` cut each age at quantiles of the training windows' ages instead."""
-LASTFAIL = "lastfail"
-"""The age family of the hours since the last failure, beside one per maintained part (``maint:PART``)."""
+"""Bins for "hours since": fixed and log-spaced, from an hour to a year (15 bins)."""
 TIME_TO_FAILURE_FRACTIONS = (0.25, 0.5, 0.75, 1.0, 2.0, 4.0)
 """Buckets, in horizons, of the hours to the next failure: what training asks after the outcome (``<next:B>``)."""
 HOUR_OF_DAY_BUCKETS = 8
@@ -122,12 +119,6 @@ class TokenizerSettings(BaseModel):
     # Statistics see only the rows after the window's latest failure (models.edge.features.blank_before_failure). Off
     # here so that tokenizers saved before the setting load as they were; TrainSettings.restart_at_failure turns it on.
     restart_at_failure: bool = False
-    # Ages (hours since each part's maintenance and since the last failure) binned at class-balanced quantiles of the
-    # training windows' ages, ``bins`` of them, rather than at the fixed log-spaced AGE_EDGES_H: gradient boosting given
-    # the ages in those fixed bins lost 0.051 test PR-AUC on the slow-degradation fleet (0.415 against 0.466) and 0.012
-    # on the daily one, and in 16 quantile bins nothing (0.465, 0.531). Off here so that tokenizers saved before the
-    # setting load as they were; TrainSettings turns it on.
-    fitted_ages: bool = False
     max_length: Annotated[int, Field(ge=8, le=8192)] = 256
     event_lookback_h: Annotated[float, Field(ge=0)] = 72.0
     max_recent_errors: Annotated[int, Field(ge=0, le=64)] = 4
@@ -181,12 +172,6 @@ class FittedState:
     attributes: tuple[AttributeCoding, ...]
     maintenance_parts: tuple[str, ...]
     error_codes: tuple[str, ...]
-    age_edges: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
-    """Age family (``maint:PART``, ``lastfail``) -> ascending bin edges in hours; a family not here uses AGE_EDGES_H."""
-
-    def ages_cut(self, family: str) -> tuple[float, ...]:
-        """The bin edges (hours) of one age family."""
-        return self.age_edges.get(family, AGE_EDGES_H)
 
 
 class TelemetryTokenizer:
@@ -240,9 +225,7 @@ class TelemetryTokenizer:
         except ValueError as err:
             raise TokenizerError(str(err)) from None
         informative = scaling.sensors
-        picked, weight = _balanced_sample(windows, outcomes)
-        edges = self._fit_edges(windows, scaling, picked, weight)
-        parts = tuple(sorted({e.detail for w in windows for e in w.events if e.kind == "maintenance" and e.detail}))
+        edges = self._fit_edges(windows, scaling, outcomes)
         kinds = sorted({k for k in [*failure_kinds, *(outcomes or ())] if k not in (OK, ANY_FAILURE)})
         for w in windows:
             kinds.extend(e.detail for e in w.events if e.kind == "failure" and e.detail)
@@ -251,11 +234,12 @@ class TelemetryTokenizer:
             edges=edges,
             failure_kinds=tuple(sorted(set(kinds))),
             attributes=_fit_attributes(windows, attribute_min_machines),
-            maintenance_parts=parts,
+            maintenance_parts=tuple(
+                sorted({e.detail for w in windows for e in w.events if e.kind == "maintenance" and e.detail})
+            ),
             error_codes=_frequent(
                 (e.detail for w in windows for e in w.events if e.kind == "error" and e.detail), MAX_ERROR_CODES
             ),
-            age_edges=self._fit_age_edges(windows, parts, picked, weight) if s.fitted_ages else {},
         )
         self._install(state)
         fixed = self.fixed_length
@@ -268,9 +252,16 @@ class TelemetryTokenizer:
             )
 
     def _fit_edges(
-        self, windows: Sequence[Window], scaling: SensorScaling, picked: range, weight: np.ndarray
+        self, windows: Sequence[Window], scaling: SensorScaling, outcomes: Sequence[str] | None
     ) -> dict[str, tuple[tuple[float, ...], ...]]:
         s = self.settings
+        step = max(1, math.ceil(len(windows) / MAX_FIT_WINDOWS))
+        picked = range(0, len(windows), step)
+        failed = np.array([outcomes is not None and outcomes[i] != OK for i in picked])
+        # Each class carries half the weight (when both are present): quantiles of a balanced sample.
+        weight = np.ones(len(failed))
+        if failed.any() and not failed.all():
+            weight = np.where(failed, 0.5 / failed.sum(), 0.5 / (~failed).sum())
         samples: dict[str, list[np.ndarray]] = {}
         weights: dict[str, list[np.ndarray]] = {}
         for i, w in zip(picked, weight, strict=True):
@@ -285,31 +276,6 @@ class TelemetryTokenizer:
                 tuple(float(v) for v in _weighted_edges(data[:, j], row_weight, s.bins)) for j in range(data.shape[1])
             )
         return edges
-
-    def _fit_age_edges(
-        self, windows: Sequence[Window], parts: Sequence[str], picked: range, weight: np.ndarray
-    ) -> dict[str, tuple[float, ...]]:
-        """Each age family's edges at the balanced quantiles of the sampled windows' ages; a family with no age in
-        the sample keeps the fixed edges."""
-        s = self.settings
-        ages: dict[str, list[float]] = {}
-        weights: dict[str, list[float]] = {}
-        for i, w in zip(picked, weight, strict=True):
-            context = window_context(
-                windows[i], window_h=s.window_h, blocks=s.blocks, event_lookback_h=s.event_lookback_h
-            )
-            found = {f"maint:{p}": context.hours_since_maintenance.get(p) for p in parts}
-            found[LASTFAIL] = context.hours_since_failure
-            for family, age in found.items():
-                if age is not None:
-                    ages.setdefault(family, []).append(age)
-                    weights.setdefault(family, []).append(w)
-        out: dict[str, tuple[float, ...]] = {}
-        for family, values in ages.items():
-            cut = _weighted_edges(np.array(values), np.array(weights[family]), s.bins)
-            if len(cut):
-                out[family] = tuple(float(v) for v in cut)
-        return dict(sorted(out.items()))
 
     def _statistics(self, window: Window, scaling: SensorScaling) -> dict[str, np.ndarray]:
         """Statistic key -> ``(n, S)``: block statistics as ``mean`` etc. (n = blocks), window ones as ``wmean``."""
@@ -362,13 +328,11 @@ class TelemetryTokenizer:
         self._trend_id = vocab[TREND]
         self._block_ids = [vocab[f"<b{b}>"] for b in range(s.blocks)]
         self._tod_ids = [vocab[f"tod:{h}"] for h in range(HOUR_OF_DAY_BUCKETS)]
-        self._lastfail_cut = state.ages_cut(LASTFAIL)
-        self._lastfail_ids = [vocab[f"lastfail#a{b:02d}"] for b in range(len(self._lastfail_cut) + 1)]
+        self._lastfail_ids = [vocab[f"lastfail#a{b:02d}"] for b in range(len(AGE_EDGES_H) + 1)]
         self._lastfail_never = vocab["lastfail=never"]
-        self._maintenance_cuts = [state.ages_cut(f"maint:{part}") for part in state.maintenance_parts]
         self._maintenance_ids = [
-            ([vocab[f"maint:{part}#a{b:02d}"] for b in range(len(cut) + 1)], vocab[f"maint:{part}=never"])
-            for part, cut in zip(state.maintenance_parts, self._maintenance_cuts, strict=True)
+            ([vocab[f"maint:{part}#a{b:02d}"] for b in range(len(AGE_EDGES_H) + 1)], vocab[f"maint:{part}=never"])
+            for part in state.maintenance_parts
         ]
         self._attribute_ids: dict[tuple[str | None, ...], list[int]] = {}
         # Every statistic row of a window stacked: each block statistic once per block, then the window statistics.
@@ -388,9 +352,8 @@ class TelemetryTokenizer:
         tokens += [f"tod:{h}" for h in range(HOUR_OF_DAY_BUCKETS)]
         tokens += [t for a in state.attributes for t in a.vocabulary()]
         for part in state.maintenance_parts:
-            ages = len(state.ages_cut(f"maint:{part}")) + 1
-            tokens += [f"maint:{part}#a{b:02d}" for b in range(ages)] + [f"maint:{part}=never"]
-        tokens += [f"lastfail#a{b:02d}" for b in range(len(state.ages_cut(LASTFAIL)) + 1)] + ["lastfail=never"]
+            tokens += [f"maint:{part}#a{b:02d}" for b in range(len(AGE_EDGES_H) + 1)] + [f"maint:{part}=never"]
+        tokens += [f"lastfail#a{b:02d}" for b in range(len(AGE_EDGES_H) + 1)] + ["lastfail=never"]
         tokens += [f"err:{c}" for c in state.error_codes] + ["err:?"]
         tokens += [f"ev:error:{c}" for c in state.error_codes] + ["ev:error:?"]
         tokens += [f"ev:maintenance:{p}" for p in state.maintenance_parts] + ["ev:maintenance:?"]
@@ -580,16 +543,14 @@ class TelemetryTokenizer:
         s, state, vocab = self.settings, self.state, self._vocab
         context = window_context(window, window_h=s.window_h, blocks=s.blocks, event_lookback_h=s.event_lookback_h)
         ids = [self._bos_id, *self._attributes_as_ids(window.attributes)]
-        for (aged, never), part, cut in zip(
-            self._maintenance_ids, state.maintenance_parts, self._maintenance_cuts, strict=True
-        ):
+        for (aged, never), part in zip(self._maintenance_ids, state.maintenance_parts, strict=True):
             age = context.hours_since_maintenance.get(part)
-            ids.append(never if age is None else aged[bisect.bisect_right(cut, age)])
+            ids.append(never if age is None else aged[bisect.bisect_right(AGE_EDGES_H, age)])
         failure_age = context.hours_since_failure
         ids.append(
             self._lastfail_never
             if failure_age is None
-            else self._lastfail_ids[bisect.bisect_right(self._lastfail_cut, failure_age)]
+            else self._lastfail_ids[bisect.bisect_right(AGE_EDGES_H, failure_age)]
         )
         ids.append(self._tod_ids[context.hour_of_day * HOUR_OF_DAY_BUCKETS // 24])
 
@@ -716,11 +677,9 @@ class TelemetryTokenizer:
         head += [a.token(window.attributes.get(a.key)) for a in state.attributes]
         for part in state.maintenance_parts:
             age = context.hours_since_maintenance.get(part)
-            cut = state.ages_cut(f"maint:{part}")
-            head.append(f"maint:{part}=never" if age is None else f"maint:{part}#a{_age_bin(age, cut):02d}")
+            head.append(f"maint:{part}=never" if age is None else f"maint:{part}#a{_age_bin(age):02d}")
         failure_age = context.hours_since_failure
-        cut = state.ages_cut(LASTFAIL)
-        head.append("lastfail=never" if failure_age is None else f"lastfail#a{_age_bin(failure_age, cut):02d}")
+        head.append("lastfail=never" if failure_age is None else f"lastfail#a{_age_bin(failure_age):02d}")
         head.append(f"tod:{context.hour_of_day * HOUR_OF_DAY_BUCKETS // 24}")
 
         recent, events_by_block = self._event_tokens(context)
@@ -787,8 +746,6 @@ class TelemetryTokenizer:
                 ],
                 "maintenance_parts": list(state.maintenance_parts),
                 "error_codes": list(state.error_codes),
-                # Written only when fitted: a tokenizer with the fixed age bins keeps the bytes it had before.
-                **({"age_edges": {k: list(v) for k, v in state.age_edges.items()}} if state.age_edges else {}),
             },
         }
 
@@ -858,7 +815,6 @@ class TelemetryTokenizer:
                 ),
                 maintenance_parts=tuple(data["maintenance_parts"]),
                 error_codes=tuple(data["error_codes"]),
-                age_edges={k: tuple(float(x) for x in v) for k, v in data.get("age_edges", {}).items()},
             )
         except (ValidationError, KeyError, TypeError, ValueError) as err:
             raise TokenizerError(f"{config_path}: invalid tokenizer config: {err}") from None
@@ -918,20 +874,8 @@ def _weighted_edges(values: np.ndarray, weights: np.ndarray, bins: int) -> np.nd
     return np.unique(np.interp(np.arange(1, bins) / bins, position, x))
 
 
-def _age_bin(hours: float, cut: Sequence[float] = AGE_EDGES_H) -> int:
-    return bisect.bisect_right(cut, hours)
-
-
-def _balanced_sample(windows: Sequence[Window], outcomes: Sequence[str] | None) -> tuple[range, np.ndarray]:
-    """Up to MAX_FIT_WINDOWS windows evenly spaced, and their weights: each class (failed, ok) carries half the
-    weight when both are present, so quantiles cut the range where the decision is made, not just the healthy bulk."""
-    step = max(1, math.ceil(len(windows) / MAX_FIT_WINDOWS))
-    picked = range(0, len(windows), step)
-    failed = np.array([outcomes is not None and outcomes[i] != OK for i in picked])
-    weight = np.ones(len(failed))
-    if failed.any() and not failed.all():
-        weight = np.where(failed, 0.5 / failed.sum(), 0.5 / (~failed).sum())
-    return picked, weight
+def _age_bin(hours: float) -> int:
+    return int(np.searchsorted(AGE_EDGES_H, hours, side="right"))
 
 
 def _clean(value: str) -> str:
