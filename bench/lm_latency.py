@@ -63,10 +63,17 @@ from models.training.model import (  # noqa: E402
     save_checkpoint,
     takes_values,
 )
+from models.training.train import TrainSettings  # noqa: E402
 
 SIZES = {
     # the default, read from ModelConfig so this stand-in cannot drift from it
-    "small": {"n_embd": ModelConfig.n_embd, "n_layer": ModelConfig.n_layer, "n_head": ModelConfig.n_head},
+    "small": {
+        "n_embd": ModelConfig.n_embd,
+        "n_layer": ModelConfig.n_layer,
+        "n_head": ModelConfig.n_head,
+        "value_channel": TrainSettings.model_fields["value_channel"].default,
+    },
+    "small-no-values": {"n_embd": ModelConfig.n_embd, "n_layer": ModelConfig.n_layer, "n_head": ModelConfig.n_head},
     "medium": {"n_embd": 96, "n_layer": 3, "n_head": 4},
     "large": {"n_embd": 128, "n_layer": 4, "n_head": 4},
 }

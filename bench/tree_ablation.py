@@ -75,6 +75,8 @@ def ablate(name: str, datasets_dir: Path, seed: int, age_bins: int) -> list[tupl
                 if c in binned:
                     train[:, j], test[:, j] = binned[c](train[:, j]), binned[c](test[:, j])
         keep = np.flatnonzero(np.isfinite(train).any(axis=0))
+        if not len(keep):
+            return float("nan")  # nothing in the group is ever defined on this fleet (no maintenance, no attributes)
         model = boosted_trees(seed=seed)
         model.fit(train[:, keep], y_train)
         return average_precision(y_test.tolist(), model.predict_proba(test[:, keep])[:, 1].tolist()) or 0.0

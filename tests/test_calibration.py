@@ -178,8 +178,15 @@ def onnx_raw_risks(artifact: Path, windows: list[Window]) -> np.ndarray:
     config = json.loads((artifact / "precursor.json").read_text())
     tokenizer = TelemetryTokenizer.load(artifact)
     session = ort.InferenceSession(str(artifact / "model.onnx"), providers=["CPUExecutionProvider"])
-    packed = pack_sequences(tokenizer.encode_many(windows), pad_id=0, max_length=int(config["onnx"]["context_length"]))
-    logits = session.run(["last_logits"], {"input_ids": packed.input_ids, "last_index": packed.last_index})[0]
+    length = int(config["onnx"]["context_length"])
+    if "values" in {i.name for i in session.get_inputs()}:  # a model with a value channel (the default)
+        encoded = tokenizer.encode_with_values(windows)
+        packed = pack_sequences(encoded.ids, pad_id=0, max_length=length, values=encoded.values)
+        feeds = {"input_ids": packed.input_ids, "last_index": packed.last_index, "values": packed.values}
+    else:
+        packed = pack_sequences(tokenizer.encode_many(windows), pad_id=0, max_length=length)
+        feeds = {"input_ids": packed.input_ids, "last_index": packed.last_index}
+    logits = session.run(["last_logits"], feeds)[0]
     return np.array([r[ANY_FAILURE] for r in risks_from_logits(logits, config["onnx"]["outcome_tokens"])])
 
 

@@ -19,7 +19,7 @@ import models.training.train as training
 from models.edge.calibration import Calibration, fit_platt
 from models.edge.registry import CONFIG_FILE
 from models.training.dataset import Fleet, LabeledWindow, choose_split, split_windows
-from models.training.model import load_checkpoint
+from models.training.model import load_checkpoint, takes_values
 from models.training.train import (
     EncodedWindows,
     FitResult,
@@ -136,7 +136,7 @@ def test_refit_learns_training_and_validation_and_is_what_gets_saved(
     # the threshold and calibration map are the selected model's, chosen out of sample: fitted on its validation
     # risks, not on the saved model's (which learned those windows)
     model, tokenizer, reloaded = load_checkpoint(result.checkpoint_dir)
-    encoded = EncodedWindows.of(tokenizer, validation)
+    encoded = EncodedWindows.of(tokenizer, validation, values=takes_values(model))
     failed = [w.failed for w in validation]
     selected = fit_platt(failed, validation_scores(selection_model(selection, model), tokenizer, encoded))
     calibration = Calibration.model_validate(meta["calibration"])
