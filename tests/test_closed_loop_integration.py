@@ -80,6 +80,10 @@ TRAINING = TrainSettings(
     validation_fraction=0.1,
     min_validation_failures=3,
     threads=1,
+    # This tiny 300-step model was sized to learn the new kind without the value channel; with it (the default since
+    # 2026-12-03) the candidate caught 0.27 of the new failures where the champion caught 0.39. The loop is what this
+    # test is about; the channel's quality is measured by the quality suite (BENCHMARKS.md).
+    value_channel=False,
 )
 HISTORY = FleetConfig(
     machines=MACHINES,
