@@ -66,7 +66,8 @@ from models.training.model import (  # noqa: E402
 from models.training.train import TrainSettings  # noqa: E402
 
 SIZES = {
-    # the default, read from ModelConfig so this stand-in cannot drift from it
+    # the default, read from ModelConfig and TrainSettings so this stand-in cannot drift from it; beside it, the same
+    # without the value channel
     "small": {
         "n_embd": ModelConfig.n_embd,
         "n_layer": ModelConfig.n_layer,

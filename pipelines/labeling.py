@@ -270,25 +270,21 @@ def write_day(table: pa.Table, dataset: Path | str, day: str, settings: ObjectSt
     is one PUT.
     """
     with explained(dataset, settings):
-        return _write_day(table, day_file(dataset, day), settings)
-
-
-def _write_day(table: pa.Table, location: Path | str, settings: ObjectStoreSettings | None) -> bool:
-    fs, target = filesystem(location, settings)
-    existing = _read_bytes(fs, target)
-    if existing is not None and pq.read_table(pa.BufferReader(existing), schema=SCHEMA).equals(table):
-        return False
-    if is_local(fs):
-        Path(target).parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=Path(target).parent, prefix=".part-0.", suffix=".tmp")
-        os.close(fd)
-        pq.write_table(table, temporary)
-        os.replace(temporary, target)
-    else:
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink)
-        fs.pipe_file(target, sink.getvalue().to_pybytes())
-    return True
+        fs, target = filesystem(day_file(dataset, day), settings)
+        existing = _read_bytes(fs, target)
+        if existing is not None and pq.read_table(pa.BufferReader(existing), schema=SCHEMA).equals(table):
+            return False
+        if is_local(fs):
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
+            fd, temporary = tempfile.mkstemp(dir=Path(target).parent, prefix=".part-0.", suffix=".tmp")
+            os.close(fd)
+            pq.write_table(table, temporary)
+            os.replace(temporary, target)
+        else:
+            sink = pa.BufferOutputStream()
+            pq.write_table(table, sink)
+            fs.pipe_file(target, sink.getvalue().to_pybytes())
+        return True
 
 
 class WriteDay(beam.DoFn):
