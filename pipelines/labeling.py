@@ -73,6 +73,7 @@ from precursor.contracts.object_store import (
     join,
 )
 from precursor.contracts.outcomes import ANY_FAILURE, OK, failure_kind
+from precursor.contracts.parquet import read_parquet_bytes
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -272,7 +273,7 @@ def write_day(table: pa.Table, dataset: Path | str, day: str, settings: ObjectSt
     with explained(dataset, settings):
         fs, target = filesystem(day_file(dataset, day), settings)
         existing = _read_bytes(fs, target)
-        if existing is not None and pq.read_table(pa.BufferReader(existing), schema=SCHEMA).equals(table):
+        if existing is not None and read_parquet_bytes(existing, SCHEMA).equals(table):
             return False
         if is_local(fs):
             Path(target).parent.mkdir(parents=True, exist_ok=True)
@@ -410,8 +411,11 @@ def dataset_glob(dataset: str | Path) -> str | None:
 def read_day_file(path: str, settings: ObjectStoreSettings | None = None) -> pa.Table:
     """One day file (a local path or a URL) as a table of the dataset's schema."""
     fs, inside = filesystem(as_location(path), settings)
-    with fs.open(inside, "rb") as f:
-        return pq.read_table(f, schema=SCHEMA)
+    if is_local(fs):
+        return pq.read_table(inside, schema=SCHEMA)
+    with explained(path, settings):
+        data = fs.cat_file(inside)
+    return read_parquet_bytes(data, SCHEMA)
 
 
 def read_dataset(dataset: str | Path, settings: ObjectStoreSettings | None = None) -> pa.Table:
