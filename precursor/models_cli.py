@@ -5,10 +5,11 @@ Torch, transformers and scikit-learn are imported inside the commands, so ``prec
 
 from __future__ import annotations
 
+import json
 import logging
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -54,14 +55,22 @@ def _stats(value: str, option: str) -> tuple[str, ...]:
     return names
 
 
-def _settings_overrides(pairs: list[str]) -> dict[str, str]:
-    """``--set NAME=VALUE`` pairs; TrainSettings validates names and values (extra names are refused there)."""
-    out: dict[str, str] = {}
+def _settings_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``--set NAME=VALUE`` pairs; TrainSettings validates names and values (extra names are refused there). A value
+    in JSON brackets is a list or mapping (``--set 'search=[{"blocks": 2}]'``); any other stays text for pydantic."""
+    out: dict[str, Any] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name.strip():
             raise typer.BadParameter(f"{pair!r}: expected NAME=VALUE", param_hint="--set")
-        out[name.strip().replace("-", "_")] = value.strip()
+        value = value.strip()
+        if value[:1] in "[{" and value:
+            try:
+                out[name.strip().replace("-", "_")] = json.loads(value)
+                continue
+            except json.JSONDecodeError as err:
+                raise typer.BadParameter(f"{pair!r}: not valid JSON: {err}", param_hint="--set") from None
+        out[name.strip().replace("-", "_")] = value
     return out
 
 

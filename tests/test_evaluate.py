@@ -172,12 +172,18 @@ def test_command_line_train_then_evaluate_json(tmp_path: Path) -> None:
             "ordinal-init=true",
             "--set",
             "residual=true",
+            "--set",
+            'search=[{"blocks": 2}]',
         ],
     )
     assert trained.exit_code == 0, trained.output
-    assert "validation PR-AUC" in trained.output
+    assert "validation PR-AUC" in trained.output and 'search on validation PR-AUC: as given ' in trained.output
     written = json.loads((tmp_path / "m" / "precursor.json").read_text())["training"]
     assert (written["dropout"], written["ordinal_init"], written["tokenizer"]["residual"]) == (0.2, True, True)
+    assert written["search"] == [{"blocks": 2}] and [r["overrides"] for r in written["search_results"]] == [
+        {},
+        {"blocks": 2},
+    ]
     evaluated = runner.invoke(app, ["evaluate", *common, "--model", str(tmp_path / "m"), "--json"])
     assert evaluated.exit_code == 0, evaluated.output
     report = json.loads(evaluated.stdout)
@@ -191,7 +197,7 @@ def test_command_line_train_then_evaluate_json(tmp_path: Path) -> None:
 
     bad = runner.invoke(app, ["train", *common[:4], "--horizon", "soon", "--out", str(tmp_path / "x")])
     assert bad.exit_code != 0 and "soon" in bad.output
-    for wrong in ("dropuot=0.2", "dropout=lots", "dropout"):
+    for wrong in ("dropuot=0.2", "dropout=lots", "dropout", 'search=[{"blocks": 2}', 'search=[{"blokcs": 2}]'):
         refused = runner.invoke(app, ["train", *common, "--out", str(tmp_path / "x"), "--set", wrong])
         assert refused.exit_code != 0 and wrong.split("=")[0] in refused.output, refused.output
     missing = runner.invoke(app, ["evaluate", *common, "--model", str(tmp_path / "nothing")])

@@ -188,6 +188,43 @@ def test_training_refuses_data_without_enough_failures(tmp_path: Path) -> None:
         train(paths["telemetry"], paths["events"], tmp_path / "out", TrainSettings(**TINY))
 
 
+def test_a_search_keeps_the_candidate_validation_prefers_and_records_what_each_scored(
+    tiny_checkpoint: Path, tiny_fleet: dict[str, Path], tmp_path: Path
+) -> None:
+    variants = [{"block_stats": ["mean", "slope"]}, {"n_embd": 16}]
+    out = tmp_path / "searched"
+    settings = TrainSettings(**{**TINY, "search": variants})
+    train(tiny_fleet["telemetry"], tiny_fleet["events"], out, settings, machines=tiny_fleet["machines"])
+    meta = json.loads((out / CONFIG_FILE).read_text())
+    results = meta["training"]["search_results"]
+    assert [r["overrides"] for r in results] == [{}, *variants]
+    assert [r["kept"] for r in results].count(True) == 1
+    kept = next(i for i, r in enumerate(results) if r["kept"])
+    assert results[kept]["validation_pr_auc"] == max(r["validation_pr_auc"] for r in results)
+    assert meta["validation"]["pr_auc"] == results[kept]["validation_pr_auc"]
+    # What is saved is the kept candidate, and the record asks for the same search again.
+    assert meta["training"]["tokenizer"]["block_stats"] == (["mean", "slope"] if kept == 1 else ["mean"])
+    assert meta["architecture"]["n_embd"] == (16 if kept == 2 else TINY["n_embd"])
+    assert meta["training"]["search"] == variants and meta["training"]["max_minutes"] == settings.max_minutes
+    model, tokenizer, _ = load_checkpoint(out)
+    assert model.config.vocab_size == tokenizer.vocab_size
+    # The settings as given train as a plain run does: the search adds candidates, it does not change the first.
+    plain = json.loads((tiny_checkpoint / CONFIG_FILE).read_text())
+    assert results[0]["validation_pr_auc"] == plain["validation"]["pr_auc"]
+    assert results[0]["step"] == plain["step"]
+
+
+def test_a_search_names_a_candidate_that_overrides_nothing_or_what_it_cannot() -> None:
+    with pytest.raises(
+        ValidationError, match=r"search candidate 1 \(\{'blockstats': 2\}\): cannot override blockstats"
+    ):
+        TrainSettings(**{**TINY, "search": [{"blockstats": 2}]})
+    with pytest.raises(ValidationError, match=r"search candidate 2 .*: cannot override max_minutes"):
+        TrainSettings(**{**TINY, "search": [{"blocks": 2}, {"max_minutes": 1}]})
+    with pytest.raises(ValidationError, match=r"search candidate 1 .*: overrides nothing"):
+        TrainSettings(**{**TINY, "search": [{}]})
+
+
 def test_split_has_no_leakage(tiny_fleet: dict[str, Path]) -> None:
     fleet = Fleet.load(tiny_fleet["telemetry"], tiny_fleet["events"])
     spec = WindowSpec(window_h=12, horizon_h=12)

@@ -27,6 +27,7 @@ Torch uses ``threads`` CPU threads: 1 by default, at most 2. On a shared machine
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
 import random
@@ -35,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -156,6 +157,11 @@ class TrainSettings(BaseModel):
     # fleet (0.465 against 0.454); on one seed of the five other fleets it rose on each (+0.003 to +0.040). Training
     # took 1.3-2.4 times as long (BENCHMARKS.md, "Refit on all the data").
     refit: bool = False
+    # A small search inside training (issue #17 item 2): each entry overrides some of these settings (tokenizer names
+    # included, e.g. {"block_stats": ["mean", "slope"]}). The settings as given and each variant are trained on the same
+    # windows from the same seed, each within an equal share of max_minutes, and the best on validation PR-AUC is kept
+    # (train_on_windows). Empty by default: each candidate costs a training.
+    search: tuple[dict[str, Any], ...] = ()
     # split
     validation_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
     min_validation_failures: Annotated[int, Field(ge=1)] = 3
@@ -190,6 +196,18 @@ class TrainSettings(BaseModel):
     def _value_channel_needs_our_model(self) -> TrainSettings:
         if self.value_channel and self.backbone is not None:
             raise ValueError("value_channel works with the built-in model only, not with a backbone")
+        return self
+
+    @model_validator(mode="after")
+    def _search_names_settings(self) -> TrainSettings:
+        known = set(type(self).model_fields) | set(TokenizerSettings.model_fields)
+        for number, overrides in enumerate(self.search, start=1):
+            unknown = sorted(set(overrides) - known) + sorted({"search", "max_minutes", "tokenizer"} & set(overrides))
+            if not overrides or unknown:
+                raise ValueError(
+                    f"search candidate {number} ({overrides!r}): "
+                    + (f"cannot override {', '.join(unknown)}" if unknown else "overrides nothing")
+                )
         return self
 
     def window_spec(self) -> WindowSpec:
@@ -617,36 +635,47 @@ def refit_on_everything(
     return refits
 
 
-def train_on_windows(
+class _Fitted(NamedTuple):
+    """One candidate trained, nothing written yet: what the search compares and the kept one saves."""
+
+    model: torch.nn.Module
+    tokenizer: TelemetryTokenizer
+    meta: CheckpointMeta
+    validation_encoded: EncodedWindows
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Settings a search trains: the ones given, with ``overrides`` (setting names and values) applied."""
+
+    settings: TrainSettings
+    overrides: dict[str, Any]
+
+
+def search_candidates(settings: TrainSettings) -> list[Candidate]:
+    """The settings as given, then each of ``settings.search`` applied to them; the time budget shared equally."""
+    share = settings.max_minutes / (1 + len(settings.search))
+    given = settings.model_dump(exclude={"search", "tokenizer"})
+    tokenizer = settings.tokenizer.model_dump()
+    candidates = []
+    for overrides in ({}, *settings.search):
+        chosen = {**given, "tokenizer": tokenizer, **overrides, "max_minutes": share, "search": ()}
+        candidates.append(Candidate(TrainSettings.model_validate(chosen), dict(overrides)))
+    return candidates
+
+
+def _fit(
     train_windows: Sequence[LabeledWindow],
     validation_windows: Sequence[LabeledWindow],
-    out: str | Path,
     settings: TrainSettings,
-    *,
-    data: dict[str, Any] | None = None,
-    signing_key: str | Path | None = None,
-    checkpoint_dir: str | Path | None = None,
-    version: str | None = None,
-    progress: Progress = NO_PROGRESS,
-) -> TrainResult:
-    """Tokenizer -> model -> threshold -> checkpoint (-> signed artifact), from windows already split in time.
-
-    Without ``signing_key``, ``out`` is the checkpoint folder. With it, ``out`` is the signed artifact and the
-    checkpoint goes to ``checkpoint_dir`` (default: ``out`` with ``.checkpoint`` appended). ``data`` says where the
-    windows came from (files, split); ``precursor evaluate`` refits the baselines from it.
-    """
-    started = time.monotonic()
-    cpu_started = time.process_time()  # all threads: torch trains on several
+    data: dict[str, Any] | None,
+    progress: Progress,
+) -> _Fitted:
+    """Steps 2 to 5 of the recipe for one set of settings, up to the checkpoint's metadata."""
+    cpu_started = time.process_time()
     random.seed(settings.seed)
     np.random.seed(settings.seed)
     torch.manual_seed(settings.seed)  # whatever ran before in this process; each model's weights: fresh_model
-    out = Path(out)
-    for name, windows in (("training", train_windows), ("validation", validation_windows)):
-        counts = outcome_counts(windows)
-        if not windows or set(counts) == {"ok"} or "ok" not in counts:
-            raise DatasetError(f"the {name} period needs both ok and failed windows, has {counts or 'none'}")
-    log.info("windows: training %s, validation %s", outcome_counts(train_windows), outcome_counts(validation_windows))
-
     progress.stage("tokenizing windows")
     tokenizer = TelemetryTokenizer(settings.tokenizer)
     tokenizer.fit([w.window for w in train_windows], outcomes=[w.outcome for w in train_windows])
@@ -777,14 +806,71 @@ def train_on_windows(
         calibration=calibration.model_dump(mode="json"),
         metrics={"validation": validation},
     )
+    return _Fitted(result.model, tokenizer, meta, validation_encoded)
+
+
+def train_on_windows(
+    train_windows: Sequence[LabeledWindow],
+    validation_windows: Sequence[LabeledWindow],
+    out: str | Path,
+    settings: TrainSettings,
+    *,
+    data: dict[str, Any] | None = None,
+    signing_key: str | Path | None = None,
+    checkpoint_dir: str | Path | None = None,
+    version: str | None = None,
+    progress: Progress = NO_PROGRESS,
+) -> TrainResult:
+    """Tokenizer -> model -> threshold -> checkpoint (-> signed artifact), from windows already split in time.
+
+    Without ``signing_key``, ``out`` is the checkpoint folder. With it, ``out`` is the signed artifact and the
+    checkpoint goes to ``checkpoint_dir`` (default: ``out`` with ``.checkpoint`` appended). ``data`` says where the
+    windows came from (files, split); ``precursor evaluate`` refits the baselines from it.
+
+    With ``settings.search``, every candidate (the settings as given, then each with its overrides) is trained on the
+    same windows from the same seed, within an equal share of ``max_minutes``; the one with the best validation PR-AUC
+    is saved, and ``precursor.json`` lists what each scored under ``training.search``.
+    """
+    started = time.monotonic()
+    cpu_started = time.process_time()  # all threads: torch trains on several
+    out = Path(out)
+    for name, windows in (("training", train_windows), ("validation", validation_windows)):
+        counts = outcome_counts(windows)
+        if not windows or set(counts) == {"ok"} or "ok" not in counts:
+            raise DatasetError(f"the {name} period needs both ok and failed windows, has {counts or 'none'}")
+    log.info("windows: training %s, validation %s", outcome_counts(train_windows), outcome_counts(validation_windows))
+
+    candidates = search_candidates(settings)
+    fitted: list[_Fitted] = []
+    for number, candidate in enumerate(candidates, start=1):
+        if len(candidates) > 1:
+            log.info("search: candidate %d of %d: %s", number, len(candidates), candidate.overrides or "as given")
+        fitted.append(_fit(train_windows, validation_windows, candidate.settings, data, progress))
+    kept = max(range(len(fitted)), key=lambda i: (fitted[i].meta.validation["pr_auc"], -i))  # a tie keeps the first
+    model, tokenizer, meta, validation_encoded = fitted[kept]
+    meta.training["cpu_s"] = round(time.process_time() - cpu_started, 1)  # every candidate's: the flow view's cost
+    if len(candidates) > 1:
+        meta.training["search_results"] = [
+            {
+                "overrides": candidate.overrides,
+                "validation_pr_auc": one.meta.validation["pr_auc"],
+                "step": one.meta.step,
+                "seconds": one.meta.training["seconds"],
+                "kept": i == kept,
+            }
+            for i, (candidate, one) in enumerate(zip(candidates, fitted, strict=True))
+        ]
+        log.info("search: kept candidate %d of %d (%s)", kept + 1, len(candidates), candidates[kept].overrides)
+        # The kept candidate's settings, with the search and the budget as asked for.
+        meta.training.update(settings.model_dump(mode="json", include={"search", "max_minutes"}))
     if signing_key is None:
-        save_checkpoint(out, result.model, tokenizer, meta)
+        save_checkpoint(out, model, tokenizer, meta)
         return TrainResult(out, None, meta, time.monotonic() - started)
 
     from models.training.export import export_artifact
 
     checkpoint = Path(checkpoint_dir) if checkpoint_dir is not None else out.with_name(out.name + ".checkpoint")
-    save_checkpoint(checkpoint, result.model, tokenizer, meta)
+    save_checkpoint(checkpoint, model, tokenizer, meta)
     progress.stage("exporting int8 ONNX and signing")
     artifact = export_artifact(
         checkpoint,
@@ -861,6 +947,14 @@ def describe(meta: CheckpointMeta) -> str:
     if refit:
         steps = "/".join(str(s) for s in refit.get("steps", []))
         chosen += f", then refit for {steps} steps on training + validation ({refit.get('windows', 0):,} windows)"
+    searched = meta.training.get("search_results")
+    if searched:
+        scored = ", ".join(
+            f"{json.dumps(r['overrides']) if r['overrides'] else 'as given'} {r['validation_pr_auc']:.3f}"
+            + (" (kept)" if r["kept"] else "")
+            for r in searched
+        )
+        chosen += f"; search on validation PR-AUC: {scored}"
     return (
         f"parameters {meta.parameters:,}; {chosen}; "
         f"validation PR-AUC {v.get('pr_auc', float('nan')):.3f}; "
