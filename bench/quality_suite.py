@@ -336,6 +336,7 @@ def run_lm(prepared: Prepared, settings: TrainSettings, folder: Path) -> dict[st
         steps=int(result.meta.training["history"][-1]["step"]) if result.meta.training.get("history") else None,
         validation_pr_auc=result.meta.validation.get("pr_auc"),
         artifact=str(result.artifact_dir),
+        **({"search": result.meta.training["search_results"]} if result.meta.training.get("search_results") else {}),
     )
 
 
