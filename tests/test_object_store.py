@@ -53,10 +53,15 @@ def test_settings_read_the_standard_aws_variables_and_never_show_the_secret(monk
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://aws-variable:9000")
     monkeypatch.setenv("PRECURSOR_S3_ENDPOINT_URL", "http://ours:9000")  # ours wins over the generic AWS one
     monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    for name in ("AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE", "PRECURSOR_S3_MAX_ATTEMPTS", "PRECURSOR_S3_RETRY_MODE"):
+        monkeypatch.delenv(name, raising=False)
     settings = ObjectStoreSettings()
     options = settings.storage_options("s3")
     assert options["key"] == "AKIAEXAMPLE" and options["secret"] == SECRET
     assert options["endpoint_url"] == "http://ours:9000" and options["client_kwargs"] == {"region_name": "eu-west-1"}
+    assert options["config_kwargs"] == {"retries": {"mode": "standard", "total_max_attempts": 3}}
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # the standard variable counts attempts, the first included
+    assert ObjectStoreSettings().storage_options("s3")["config_kwargs"]["retries"]["total_max_attempts"] == 1
     assert settings.storage_options("gcs") == {}
     assert SECRET not in repr(settings) and SECRET not in str(settings) and SECRET not in settings.model_dump_json()
     with pytest.raises(ValueError) as refused:
