@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from models.edge.outcome import pack_sequences
 from models.edge.runtime import LMScorer
 from models.edge.signing import load_public_keys
-from models.edge.tokenizer import TelemetryTokenizer
+from models.edge.tokenizer import AGE_EDGES_H, TelemetryTokenizer, age_value
 from models.training.dataset import Fleet, LabeledWindow, WindowSpec, build_windows
 from models.training.evaluate import average_precision
 from models.training.export import VALUES_INPUT, LastTokenLogits
@@ -73,6 +73,31 @@ def test_each_statistic_token_carries_a_value_inside_its_own_bin(
             assert low - 1e-5 <= value <= high + 1e-5, (token, value, edges[b : b + 2])
             checked += 1
     assert checked > 100
+
+
+def test_with_age_values_each_hours_since_token_carries_its_age_inside_its_bin(
+    tokenizer: TelemetryTokenizer, labeled: list[LabeledWindow]
+) -> None:
+    aged = TelemetryTokenizer(tokenizer.settings.model_copy(update={"age_values": True}))
+    aged.fit([w.window for w in labeled], outcomes=[w.outcome for w in labeled])
+    assert aged.content_hash != tokenizer.content_hash  # a model trained with ages is not served without them
+    windows = [w.window for w in labeled[::5]]
+    with_ages, without = aged.encode_with_values(windows), tokenizer.encode_with_values(windows)
+    assert with_ages.ids == without.ids
+    edges = (0.0, *AGE_EDGES_H, np.inf)
+    checked = 0
+    for ids, values, plain in zip(with_ages.ids, with_ages.values, without.values, strict=True):
+        for position, token in enumerate(aged.decode(ids)):
+            if "#a" not in token:  # not an age: the value it had without ages (a statistic's, or 0)
+                assert values[position] == plain[position], token
+                continue
+            b = int(token.rsplit("#a", 1)[1])  # the bin says edges[b] <= hours < edges[b + 1]
+            low, high = age_value(np.array(edges[b : b + 2]))
+            assert low - 1e-5 <= values[position] <= high + 1e-5, (token, values[position])
+            checked += 1
+    assert checked > 50
+    assert all(v == 0.0 for ids, vs in zip(with_ages.ids, with_ages.values, strict=True)
+               for t, v in zip(aged.decode(ids), vs.tolist(), strict=True) if t.endswith("=never"))  # fmt: skip
 
 
 def test_values_are_cut_and_padded_with_their_ids() -> None:

@@ -73,7 +73,7 @@ CONFIG_FILE = "tokenizer_config.json"
 CONFIG_KEY = "precursor_telemetry"
 FORMAT = "precursor-telemetry-tokenizer/1"
 
-SETTINGS_WRITTEN_WHEN_ON = ("restart_at_failure", "regimes")
+SETTINGS_WRITTEN_WHEN_ON = ("restart_at_failure", "regimes", "age_values")
 PAD, UNK, BOS, TREND = "<pad>", "<unk>", "<bos>", "<trend>"
 AGE_EDGES_H = (1.0, 3.0, 6.0, 12.0, 24.0, 48.0, 96.0, 168.0, 336.0, 720.0, 1440.0, 2880.0, 4320.0, 8760.0)
 """Bins for "hours since": fixed and log-spaced, from an hour to a year (15 bins)."""
@@ -119,6 +119,10 @@ class TokenizerSettings(BaseModel):
     # Statistics see only the rows after the window's latest failure (models.edge.features.blank_before_failure). Off
     # here so that tokenizers saved before the setting load as they were; TrainSettings.restart_at_failure turns it on.
     restart_at_failure: bool = False
+    # For a model with a value channel: each "hours since" token (a part's maintenance, the last failure) also carries
+    # its hours (age_value), so the model sees the age and not only its bin, as the trees do. Off here so that
+    # tokenizers saved before the setting load as they were.
+    age_values: bool = False
     max_length: Annotated[int, Field(ge=8, le=8192)] = 256
     event_lookback_h: Annotated[float, Field(ge=0)] = 72.0
     max_recent_errors: Annotated[int, Field(ge=0, le=64)] = 4
@@ -334,6 +338,10 @@ class TelemetryTokenizer:
             ([vocab[f"maint:{part}#a{b:02d}"] for b in range(len(AGE_EDGES_H) + 1)], vocab[f"maint:{part}=never"])
             for part in state.maintenance_parts
         ]
+        self._is_age = np.zeros(len(vocab), dtype=bool)  # the tokens of a known age (not the "=never" ones)
+        self._is_age[self._lastfail_ids] = True
+        for aged, _ in self._maintenance_ids:
+            self._is_age[aged] = True
         self._attribute_ids: dict[tuple[str | None, ...], list[int]] = {}
         # Every statistic row of a window stacked: each block statistic once per block, then the window statistics.
         # One comparison and one lookup then bin all of them.
@@ -483,10 +491,24 @@ class TelemetryTokenizer:
         windows = list(windows)
         out = ValuedSequences([], [])
         for start in range(0, len(windows), ENCODE_BATCH):
-            ids, stacked = self._encode_batch(windows[start : start + ENCODE_BATCH])
+            batch = windows[start : start + ENCODE_BATCH]
+            ids, stacked = self._encode_batch(batch)
             out.ids.extend(ids)
-            out.values.extend(self._values_along(seq, rows) for seq, rows in zip(ids, stacked, strict=True))
+            for window, seq, rows in zip(batch, ids, stacked, strict=True):
+                values = self._values_along(seq, rows)
+                if self.settings.age_values:
+                    values[self._is_age[np.asarray(seq, dtype=np.int64)]] = self._known_ages(window)
+                out.values.append(values)
         return out
+
+    def _known_ages(self, window: Window) -> np.ndarray:
+        """The values of the window's "hours since" tokens, in the order the head lays them out (each maintained
+        part, then the last failure), leaving out the ages that are not known (their tokens say "never")."""
+        s = self.settings
+        context = window_context(window, window_h=s.window_h, blocks=s.blocks, event_lookback_h=s.event_lookback_h)
+        ages = [context.hours_since_maintenance.get(part) for part in self.state.maintenance_parts]
+        ages.append(context.hours_since_failure)
+        return age_value(np.array([a for a in ages if a is not None], dtype=np.float64))
 
     def _values_along(self, ids: Sequence[int], stacked: np.ndarray) -> np.ndarray:
         """The values ``(L,)`` float32 beside one sequence's ids: each statistic token gets its statistic, in the
@@ -856,6 +878,16 @@ def token_value(statistic: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         out = np.sign(x) * np.log1p(np.abs(x))
     return np.where(np.isfinite(out), out, 0.0).astype(np.float32)
+
+
+def age_value(hours: np.ndarray) -> np.ndarray:
+    """The value an "hours since" token carries: days on a log scale, ``log1p(hours / 24)`` (0 for now, 5.9 for a
+    year), so a week and a month differ as much as their bins do, in the statistics' range of values.
+
+    >>> [round(float(v), 3) for v in age_value(np.array([0.0, 24.0, 24 * 365.0]))]
+    [0.0, 0.693, 5.903]
+    """
+    return np.log1p(np.maximum(np.asarray(hours, dtype=np.float64), 0.0) / 24.0).astype(np.float32)
 
 
 def _weighted_edges(values: np.ndarray, weights: np.ndarray, bins: int) -> np.ndarray:
