@@ -36,8 +36,11 @@ from kafka.errors import (
     CoordinatorNotAvailableError,
     KafkaError,
     KafkaTimeoutError,
+    NodeNotReadyError,
+    NotControllerError,
     NotCoordinatorError,
     TopicAlreadyExistsError,
+    UnknownBrokerIdError,
     for_code,
 )
 from kafka.structs import OffsetAndMetadata, TopicPartition
@@ -48,6 +51,7 @@ from precursor.contracts.topics import Topics, TopicSpec
 
 DEFAULT_KAFKA_PORT = 9092
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class TopicSetupError(RuntimeError):
@@ -271,10 +275,41 @@ def ensure_topics(
     if replication_factor is not None and replication_factor < 1:
         raise ValueError(f"replication_factor={replication_factor} must be at least 1 (or None for the default)")
     names = list(dict.fromkeys(spec.name for spec in wanted))
+    deadline = time.monotonic() + timeout_s
+    created: list[str] = []
+    while True:
+        try:
+            _create_missing(settings, wanted, names, replication_factor, timeout_s, created)
+            break
+        except _CONTROLLER_SETTLING as err:
+            # A cluster that has just started: the node asked may name a controller it has no address for yet
+            # (UnknownBrokerIdError from kafka-python; `precursor kafka up --brokers 3` failed on it now and then,
+            # after every node had answered and one node's metadata listed all three).
+            if time.monotonic() > deadline:
+                raise
+            log.info("creating topics: the controller is not known yet (%s); asking again", type(err).__name__)
+            time.sleep(0.2)
+    return TopicsEnsured(
+        created=tuple(name for name in names if name in created),
+        existing=tuple(name for name in names if name not in created),
+    )
+
+
+_CONTROLLER_SETTLING = (UnknownBrokerIdError, NotControllerError, NodeNotReadyError)
+
+
+def _create_missing(
+    settings: KafkaSettings,
+    wanted: list[TopicSpec],
+    names: list[str],
+    replication_factor: int | None,
+    timeout_s: float,
+    created: list[str],
+) -> None:
+    """One attempt of :func:`ensure_topics` with a fresh client (fresh metadata); appends the names it created."""
     with admin_client(settings, timeout_s) as admin:
         present = set(admin.list_topics())
         missing = {spec.name: spec for spec in wanted if spec.name not in present}
-        created: list[str] = []
         if missing:
             request = {
                 spec.name: {
@@ -294,10 +329,6 @@ def ensure_topics(
                     raise TopicSetupError(f"creating topic {result['name']!r} failed: {reason}")
         if names:
             admin.wait_for_topics(names, timeout_ms=int(timeout_s * 1000))
-    return TopicsEnsured(
-        created=tuple(name for name in names if name in created),
-        existing=tuple(name for name in names if name not in created),
-    )
 
 
 def list_topics(settings: KafkaSettings, timeout_s: float = 10.0) -> list[str]:
