@@ -491,24 +491,15 @@ class TelemetryTokenizer:
         windows = list(windows)
         out = ValuedSequences([], [])
         for start in range(0, len(windows), ENCODE_BATCH):
-            batch = windows[start : start + ENCODE_BATCH]
-            ids, stacked = self._encode_batch(batch)
+            ages: list[np.ndarray] | None = [] if self.settings.age_values else None
+            ids, stacked = self._encode_batch(windows[start : start + ENCODE_BATCH], ages)
             out.ids.extend(ids)
-            for window, seq, rows in zip(batch, ids, stacked, strict=True):
+            for i, (seq, rows) in enumerate(zip(ids, stacked, strict=True)):
                 values = self._values_along(seq, rows)
-                if self.settings.age_values:
-                    values[self._is_age[np.asarray(seq, dtype=np.int64)]] = self._known_ages(window)
+                if ages is not None:
+                    values[self._is_age[np.asarray(seq, dtype=np.int64)]] = ages[i]
                 out.values.append(values)
         return out
-
-    def _known_ages(self, window: Window) -> np.ndarray:
-        """The values of the window's "hours since" tokens, in the order the head lays them out (each maintained
-        part, then the last failure), leaving out the ages that are not known (their tokens say "never")."""
-        s = self.settings
-        context = window_context(window, window_h=s.window_h, blocks=s.blocks, event_lookback_h=s.event_lookback_h)
-        ages = [context.hours_since_maintenance.get(part) for part in self.state.maintenance_parts]
-        ages.append(context.hours_since_failure)
-        return age_value(np.array([a for a in ages if a is not None], dtype=np.float64))
 
     def _values_along(self, ids: Sequence[int], stacked: np.ndarray) -> np.ndarray:
         """The values ``(L,)`` float32 beside one sequence's ids: each statistic token gets its statistic, in the
@@ -526,7 +517,11 @@ class TelemetryTokenizer:
         out[self._is_statistic[seq]] = token_value(np.concatenate(parts))
         return out
 
-    def _encode_batch(self, windows: Sequence[Window]) -> tuple[list[list[int]], np.ndarray]:
+    def _encode_batch(
+        self, windows: Sequence[Window], ages: list[np.ndarray] | None = None
+    ) -> tuple[list[list[int]], np.ndarray]:
+        """The windows' ids and their statistics; given ``ages``, each window's known ages are appended to it
+        (:meth:`_head_ids`)."""
         s, state = self.settings, self.state
         window_s = s.window_h * HOUR_S
         keys = self._statistic_keys()
@@ -557,11 +552,13 @@ class TelemetryTokenizer:
         rows = np.stack(stacked)  # type: ignore[arg-type]
         ids = self._binned_ids(rows)
         return [
-            self._assemble(*self._head_ids(window), sensor_ids) for window, sensor_ids in zip(windows, ids, strict=True)
+            self._assemble(*self._head_ids(window, ages), sensor_ids)
+            for window, sensor_ids in zip(windows, ids, strict=True)
         ], rows
 
-    def _head_ids(self, window: Window) -> tuple[list[int], list[list[str]]]:
-        """The context's ids (up to the recent errors), and the event tokens of each block."""
+    def _head_ids(self, window: Window, ages: list[np.ndarray] | None = None) -> tuple[list[int], list[list[str]]]:
+        """The context's ids (up to the recent errors), and the event tokens of each block. Given ``ages``, the
+        values of the "hours since" tokens of a known age are appended to it, in their order (:func:`age_value`)."""
         s, state, vocab = self.settings, self.state, self._vocab
         context = window_context(window, window_h=s.window_h, blocks=s.blocks, event_lookback_h=s.event_lookback_h)
         ids = [self._bos_id, *self._attributes_as_ids(window.attributes)]
@@ -575,6 +572,9 @@ class TelemetryTokenizer:
             else self._lastfail_ids[bisect.bisect_right(AGE_EDGES_H, failure_age)]
         )
         ids.append(self._tod_ids[context.hour_of_day * HOUR_OF_DAY_BUCKETS // 24])
+        if ages is not None:
+            known = [context.hours_since_maintenance.get(part) for part in state.maintenance_parts] + [failure_age]
+            ages.append(age_value(np.array([a for a in known if a is not None], dtype=np.float64)))
 
         if not (context.window_events or context.recent_errors):  # most windows have neither
             return ids, [[] for _ in range(s.blocks)]
