@@ -177,7 +177,7 @@ def test_command_line_train_then_evaluate_json(tmp_path: Path) -> None:
         ],
     )
     assert trained.exit_code == 0, trained.output
-    assert "validation PR-AUC" in trained.output and 'search on validation PR-AUC: as given ' in trained.output
+    assert "validation PR-AUC" in trained.output and "search on validation PR-AUC: as given " in trained.output
     written = json.loads((tmp_path / "m" / "precursor.json").read_text())["training"]
     assert (written["dropout"], written["ordinal_init"], written["tokenizer"]["residual"]) == (0.2, True, True)
     assert written["search"] == [{"blocks": 2}] and [r["overrides"] for r in written["search_results"]] == [
