@@ -19,6 +19,9 @@ The recipe (nanoGPT's habits, as importable functions rather than a script):
    With ``refit``, the model saved in step 5 is first trained again from the same start on training and validation
    windows together for the chosen step's worth of epochs (:func:`refit_on_everything`); the threshold and calibration
    stay the ones chosen on validation.
+6. With ``search`` (a list of setting overrides), steps 2 to 5 run once for the settings as given and once for each
+   variant, on the same windows from the same seed, and the candidate with the best validation PR-AUC is the one saved
+   (:func:`search_candidates`).
 
 Torch uses ``threads`` CPU threads: 1 by default, at most 2. On a shared machine one thread is faster than two
 (two threads spin-wait on each other whenever the other is descheduled).
@@ -829,7 +832,7 @@ def train_on_windows(
 
     With ``settings.search``, every candidate (the settings as given, then each with its overrides) is trained on the
     same windows from the same seed, within an equal share of ``max_minutes``; the one with the best validation PR-AUC
-    is saved, and ``precursor.json`` lists what each scored under ``training.search``.
+    is saved, and ``precursor.json`` lists what each scored under ``training.search_results``.
     """
     started = time.monotonic()
     cpu_started = time.process_time()  # all threads: torch trains on several
