@@ -151,35 +151,3 @@ def test_a_leader_killed_mid_stream_loses_and_doubles_nothing(cluster: LocalKafk
             "SELECT count(*), count(DISTINCT seq), min(seq), max(seq) FROM predictions"
         ).fetchone()
     assert (count, distinct, low, high) == (SENT, SENT, 1, SENT)
-
-
-def test_topic_creation_asks_again_while_the_controller_is_not_known_yet(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A cluster just started can name a controller the node asked has no address for; `precursor kafka up
-    --brokers 3` once ended there with a traceback. Each attempt is a fresh client; past the deadline the error
-    stands."""
-    from kafka.errors import UnknownBrokerIdError
-
-    from infra import kafka_admin
-    from precursor.contracts.topics import TopicSpec
-
-    attempts: list[int] = []
-
-    def settling_twice(*args: object) -> None:
-        attempts.append(1)
-        if len(attempts) <= 2:
-            raise UnknownBrokerIdError(3)
-        args[-1].append("t.predictions")  # type: ignore[attr-defined]
-
-    monkeypatch.setattr(kafka_admin, "_create_missing", settling_twice)
-    settings = KafkaSettings(bootstrap_servers="127.0.0.1:1")
-    ensured = kafka_admin.ensure_topics(settings, [TopicSpec("t.predictions", 3)], timeout_s=5.0)
-    assert ensured.created == ("t.predictions",) and len(attempts) == 3
-
-    def never_settling(*args: object) -> None:
-        raise UnknownBrokerIdError(3)
-
-    monkeypatch.setattr(kafka_admin, "_create_missing", never_settling)
-    started = time.monotonic()
-    with pytest.raises(UnknownBrokerIdError):
-        kafka_admin.ensure_topics(settings, [TopicSpec("t.predictions", 3)], timeout_s=0.5)
-    assert 0.5 <= time.monotonic() - started < 3.0
