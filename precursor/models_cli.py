@@ -63,14 +63,13 @@ def _settings_overrides(pairs: list[str]) -> dict[str, Any]:
         name, sep, value = pair.partition("=")
         if not sep or not name.strip():
             raise typer.BadParameter(f"{pair!r}: expected NAME=VALUE", param_hint="--set")
-        value = value.strip()
-        if value[:1] in "[{" and value:
+        parsed: Any = value.strip()
+        if parsed[:1] in ("[", "{"):
             try:
-                out[name.strip().replace("-", "_")] = json.loads(value)
-                continue
+                parsed = json.loads(parsed)
             except json.JSONDecodeError as err:
                 raise typer.BadParameter(f"{pair!r}: not valid JSON: {err}", param_hint="--set") from None
-        out[name.strip().replace("-", "_")] = value
+        out[name.strip().replace("-", "_")] = parsed
     return out
 
 
