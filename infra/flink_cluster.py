@@ -31,7 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from infra.maven_jars import find_executable
 from infra.processes import BackgroundProcess, log_tail, port_in_use
@@ -89,6 +89,9 @@ class LocalFlinkCluster(BaseModel):
     taskmanager_heap_mb: int = Field(384, ge=192, description="task plus framework heap of each task manager")
     network_mb: int = Field(192, ge=64, description="network buffers per task manager: batch shuffles need many")
     java_executable: str = "java"
+    # One object per process for this cluster's lifetime: the one that launched a process can poll it, which needs
+    # no look at its command line.
+    _processes: dict[str, BackgroundProcess] = PrivateAttr(default_factory=dict)
 
     @property
     def home(self) -> Path:
@@ -118,8 +121,10 @@ class LocalFlinkCluster(BaseModel):
     # Processes ----------------------------------------------------------------------------------------------------
 
     def _process(self, name: str, marker: str) -> BackgroundProcess:
+        if name in self._processes:
+            return self._processes[name]
         conf = str(self.conf_dir)
-        return BackgroundProcess(
+        self._processes[name] = BackgroundProcess(
             self.home / f"{name}.pid",
             is_ours=lambda cmdline: (
                 marker in cmdline and (conf in cmdline or f"--port {self.worker_pool_port}" in cmdline)
@@ -127,6 +132,7 @@ class LocalFlinkCluster(BaseModel):
             name=f"Flink {name}",
             error=FlinkClusterError,
         )
+        return self._processes[name]
 
     def jobmanager(self) -> BackgroundProcess:
         return self._process("jobmanager", _JOBMANAGER_MAIN)

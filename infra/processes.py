@@ -25,6 +25,7 @@ Report = Callable[[str], None]
 log = logging.getLogger(__name__)
 
 _LOG_TAIL_LINES = 40  # enough for the top of a JVM stack trace, where a failed start-up says why
+_CMDLINE_SETTLE_S = 1.0
 _STOP_TIMEOUT_S = 30.0  # a service that failed to come up gets as long to stop as one stopped on purpose
 
 
@@ -122,12 +123,27 @@ class BackgroundProcess:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
+        if self._process is not None and self._process.pid == pid and self._process.poll() is None:
+            return pid  # started here and not yet reaped: the pid cannot have gone to anyone else
         if self.alive(pid):
-            cmdline = process_cmdline(pid)
+            cmdline = self._settled_cmdline(pid)
             if cmdline is not None and self._is_ours(cmdline):
                 return pid
+            if cmdline is None and self.alive(pid):
+                return None  # still unreadable: neither ours for sure nor gone, so the pid file stays
         self.pid_file.unlink(missing_ok=True)
         return None
+
+    def _settled_cmdline(self, pid: int) -> str | None:
+        """The command line, read again for a moment while it is empty. Linux shows an empty one just after exec
+        (1 read in 20 right after a JVM's launch, measured) and while a process exits: taking that as "not ours"
+        once dropped the pid file of a task manager that was starting, and orphaned it."""
+        deadline = time.monotonic() + _CMDLINE_SETTLE_S
+        while True:
+            cmdline = process_cmdline(pid)
+            if cmdline is not None or time.monotonic() > deadline or not self.alive(pid):
+                return cmdline
+            time.sleep(0.01)
 
     def wait_for_exit(self, pid: int, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

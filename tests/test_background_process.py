@@ -65,3 +65,31 @@ def test_a_service_that_never_answers_is_stopped_at_the_deadline(tmp_path: Path)
     assert time.monotonic() - started < 10
     assert not process.alive(pid)
     assert not process.pid_file.exists()
+
+
+def test_an_unreadable_command_line_is_read_again_not_taken_for_a_stranger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Linux shows an empty command line for a moment after exec (1 read in 20 right after a JVM's launch here). A
+    status check in that moment once took a starting Flink task manager for dead and dropped its pid file."""
+    import infra.processes as processes
+
+    launcher = service(tmp_path)
+    pid = launch(launcher, tmp_path, "import time; time.sleep(60)")
+    real = processes.process_cmdline
+    empty_reads = iter(range(3))  # the first three reads come back empty, as just after exec
+
+    def settling(p: int) -> str | None:
+        return None if next(empty_reads, None) is not None else real(p)
+
+    monkeypatch.setattr(processes, "process_cmdline", settling)
+    try:
+        assert service(tmp_path).running_pid() == pid
+        assert launcher.pid_file.exists()
+        monkeypatch.setattr(processes, "process_cmdline", lambda _p: None)  # never readable: not ours, but kept
+        assert service(tmp_path).running_pid() is None
+        assert launcher.pid_file.exists(), "a live process's pid file was dropped on an unreadable command line"
+        assert launcher.running_pid() == pid  # the launcher polls its own child
+    finally:
+        monkeypatch.setattr(processes, "process_cmdline", real)
+        assert launcher.stop(5.0, lambda _line: None, absent="gone")
