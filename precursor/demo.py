@@ -213,8 +213,10 @@ def _train_signed_lm(home: Path, history: list[FleetFiles]) -> dict[str, object]
     finally:
         logging.disable(logging.NOTSET)
     meta = result.meta
+    refit = meta.training.get("refit")
+    refit_steps = f", refit {'/'.join(map(str, refit['steps']))} steps on all" if isinstance(refit, dict) else ""
     typer.echo(
-        f"      {meta.parameters:,} parameters, best at step {meta.step} of {DEMO_TRAINING.max_steps}, "
+        f"      {meta.parameters:,} parameters, best at step {meta.step} of {DEMO_TRAINING.max_steps}{refit_steps}, "
         f"{result.seconds:.0f} s; validation PR-AUC {meta.validation.get('pr_auc', float('nan')):.3f}, "
         f"alert threshold {meta.threshold:.3f}"
     )

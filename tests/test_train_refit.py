@@ -150,7 +150,7 @@ def test_refit_off_saves_the_model_validation_chose(
     windows: tuple[list[LabeledWindow], list[LabeledWindow]], calls: list[Call], tmp_path: Path
 ) -> None:
     train, validation = windows
-    result = train_on_windows(train, validation, tmp_path / "model", TrainSettings(**FAST))
+    result = train_on_windows(train, validation, tmp_path / "model", TrainSettings(**FAST, refit=False))
     (only,) = calls
     assert (only.windows, only.chose, only.max_minutes) == (len(train), True, 5.0)
     assert same_weights(saved_weights(result), only.result.model)  # type: ignore[arg-type]
