@@ -235,3 +235,27 @@ def test_train_with_a_signing_key_writes_a_signed_artifact_that_evaluate_verifie
     assert on_artifact.model.windows == on_checkpoint.model.windows
     # int8 ONNX and torch rank the windows almost the same way
     assert on_artifact.model.pr_auc == pytest.approx(on_checkpoint.model.pr_auc, abs=0.05)
+
+
+def test_the_train_commands_defaults_are_the_training_settings_defaults() -> None:
+    """The command line keeps its own literal defaults (it imports torch only once it trains); they must say what
+    TrainSettings says, or `precursor train` and the flows train different models from the same "defaults"."""
+    import inspect
+
+    from models.training.train import TrainSettings
+
+    settings = TrainSettings(horizon_h=24)
+    compared = []
+    for name, parameter in inspect.signature(train_command).parameters.items():
+        if name in TrainSettings.model_fields:
+            expected = getattr(settings, name)
+        elif name in type(settings.tokenizer).model_fields:
+            expected = getattr(settings.tokenizer, name)
+        else:
+            continue
+        given = parameter.default
+        if isinstance(expected, tuple):  # comma-separated on the command line
+            given = tuple(part for part in given.split(",") if part)
+        assert given == expected, f"--{name.replace('_', '-')} defaults to {given!r}, TrainSettings to {expected!r}"
+        compared.append(name)
+    assert {"max_minutes", "max_steps", "blocks", "n_embd"} <= set(compared)
