@@ -275,20 +275,16 @@ def ensure_topics(
     if replication_factor is not None and replication_factor < 1:
         raise ValueError(f"replication_factor={replication_factor} must be at least 1 (or None for the default)")
     names = list(dict.fromkeys(spec.name for spec in wanted))
-    deadline = time.monotonic() + timeout_s
     created: list[str] = []
-    while True:
-        try:
-            _create_missing(settings, wanted, names, replication_factor, timeout_s, created)
-            break
-        except _CONTROLLER_SETTLING as err:
-            # A cluster that has just started: the node asked may name a controller it has no address for yet
-            # (UnknownBrokerIdError from kafka-python; `precursor kafka up --brokers 3` failed on it now and then,
-            # after every node had answered and one node's metadata listed all three).
-            if time.monotonic() > deadline:
-                raise
-            log.info("creating topics: the controller is not known yet (%s); asking again", type(err).__name__)
-            time.sleep(0.2)
+    # A cluster that has just started: the node asked may name a controller it has no address for yet
+    # (UnknownBrokerIdError from kafka-python; `precursor kafka up --brokers 3` failed on it now and then, after every
+    # node had answered and one node's metadata listed all three). Each attempt is a fresh client (fresh metadata).
+    settled(
+        lambda: _create_missing(settings, wanted, names, replication_factor, timeout_s, created),
+        _CONTROLLER_SETTLING,
+        timeout_s,
+        "creating topics: the controller is not known yet",
+    )
     return TopicsEnsured(
         created=tuple(name for name in names if name in created),
         existing=tuple(name for name in names if name not in created),
@@ -399,17 +395,27 @@ def grant_acls(settings: KafkaSettings, acls: Iterable[ACL], *, timeout_s: float
         raise AccessSetupError(f"the cluster refused {len(result['failed'])} ACLs: {result['failed']}")
 
 
-def _coordinated(call: Callable[[], T], timeout_s: float) -> T:
-    """``call``, retried while the group coordinator is not ready: a fresh cluster creates its offsets topic on the
-    first group request and answers "coordinator not available" until it has."""
+def settled(call: Callable[[], T], transient: tuple[type[Exception], ...], timeout_s: float, waiting: str) -> T:
+    """``call``, asked again every 0.2 s while it raises one of ``transient`` (a cluster still settling); past
+    ``timeout_s`` the last error stands. ``waiting`` says in the log what is not ready yet."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             return call()
-        except (CoordinatorNotAvailableError, CoordinatorLoadInProgressError, NotCoordinatorError):
+        except transient as err:
             if time.monotonic() > deadline:
                 raise
+            log.info("%s (%s); asking again", waiting, type(err).__name__)
             time.sleep(0.2)
+
+
+# A fresh cluster creates its offsets topic on the first group request and answers "coordinator not available" until
+# it has.
+_COORDINATOR_SETTLING = (CoordinatorNotAvailableError, CoordinatorLoadInProgressError, NotCoordinatorError)
+
+
+def _coordinated(call: Callable[[], T], timeout_s: float) -> T:
+    return settled(call, _COORDINATOR_SETTLING, timeout_s, "the group coordinator is not ready yet")
 
 
 @dataclass(frozen=True)
