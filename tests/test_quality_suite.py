@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,18 +26,23 @@ def _suite() -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    out = tmp_path_factory.mktemp("quality")
+def _run_smoke(out: Path, *extra: str) -> str:
     done = subprocess.run(
-        [sys.executable, str(SUITE), "--smoke", "--out", str(out), "--keep-artifacts"],
+        [sys.executable, str(SUITE), "--smoke", "--out", str(out), *extra],
         capture_output=True,
         text=True,
         timeout=240,
         cwd=REPO,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return out, done.stdout
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The smoke suite with its dataset in a worker process (``--jobs 2``), as the whole suite runs on two cores."""
+    out = tmp_path_factory.mktemp("quality")
+    return out, _run_smoke(out, "--keep-artifacts", "--jobs", "2")
 
 
 def test_the_table_has_every_column_and_a_row_per_scorer(smoke: tuple[Path, str]) -> None:
@@ -107,6 +113,43 @@ def test_the_json_holds_every_per_seed_figure(smoke: tuple[Path, str]) -> None:
         # one seed: the mean, the min and the max are that seed's figure
         for metric in ("brier", "ece"):
             assert row[f"{metric}_mean"] == row[f"{metric}_min"] == row[f"{metric}_max"] == pytest.approx(m[metric])
+
+
+def test_a_worker_process_gives_the_figures_of_a_run_in_the_suites_own_process(
+    smoke: tuple[Path, str], tmp_path: Path
+) -> None:
+    parallel, _ = smoke
+    _run_smoke(tmp_path, "--jobs", "1")
+    figures = ("pr_auc", "f1", "brier", "ece", "median_lead_time_h", "false_alarms_per_machine_week")
+
+    def per_seed(folder: Path) -> dict[tuple[int, str], dict[str, float]]:
+        results = json.loads((folder / "quality.json").read_text())
+        return {
+            (run["seed"], name): {f: m[f] for f in figures}
+            for run in results["datasets"]["sim_smoke"]["runs"]
+            for name, m in run["scorers"].items()
+        }
+
+    serial = per_seed(tmp_path)
+    assert set(serial) == {(0, "lm"), (0, "gradient-boosting"), (0, "zscore")}
+    assert per_seed(parallel) == serial
+    assert json.loads((parallel / "quality.json").read_text())["jobs"] == 2
+
+
+def test_the_whole_suite_measures_the_lms_own_budget_and_hands_out_the_longest_first() -> None:
+    suite = _suite()
+    from models.training.train import TrainSettings
+
+    whole = suite.parse_args(["--jobs", "2"])
+    (fd001,) = [d for d in suite.DATASETS if d.name == "cmapss_fd001"]
+    assert whole.max_minutes is None and whole.seeds == [0, 1, 2]
+    assert suite.training_settings(fd001, 0, whole).max_minutes == TrainSettings.model_fields["max_minutes"].default
+    assert suite.training_settings(fd001, 0, suite.parse_args(["--quick"])).max_minutes == 3.0
+    assert suite.parse_args(["--threads", "2"]).jobs == max(1, (os.cpu_count() or 1) // 2)
+    order = [d.name for d in suite.longest_first(suite.DATASETS)]
+    assert order[0] == "cmapss_fd004" and set(order) == {d.name for d in suite.DATASETS}
+    with pytest.raises(SystemExit):
+        suite.parse_args(["--jobs", "0"])
 
 
 def test_an_unknown_dataset_is_named_before_anything_runs(tmp_path: Path) -> None:
