@@ -258,7 +258,7 @@ def _simulate(spec: Fleetspec, folder: Path) -> tuple[Path, Path, Path]:
 def prepare(dataset: Dataset, datasets_dir: Path, work: Path, settings: TrainSettings) -> Prepared:
     """Read (or simulate) the dataset and cut its training, validation and test windows."""
     started = time.monotonic()
-    spec = settings.training_window_spec()
+    spec = settings.window_spec()
     if dataset.simulated is not None:
         files = _simulate(dataset.simulated, work / "fleet")
         source: dict[str, Any] = {"simulated": str(work / "fleet")}
@@ -296,7 +296,7 @@ def prepare(dataset: Dataset, datasets_dir: Path, work: Path, settings: TrainSet
         source["validation_split"] = split.to_json()
     from models.training.dataset import build_windows
 
-    test = build_windows(test_fleet, settings.window_spec(), ends_from_s=test_from_s)
+    test = build_windows(test_fleet, spec, ends_from_s=test_from_s)
     if test_from_s is not None:
         source["test_from"] = datetime.fromtimestamp(test_from_s, UTC).isoformat().replace("+00:00", "Z")
     source["machines"] = {"train": len(train_fleet.machine_ids), "test": len(test_fleet.machine_ids)}

@@ -36,7 +36,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple
@@ -105,9 +105,6 @@ class TrainSettings(BaseModel):
     # boosting (0.014-0.022 against 0.025-0.037) more by what it took from the trees than by what the LM gained (0.529
     # and 0.521 against 0.516 and 0.528). windows
     every_h: Annotated[float, Field(gt=0)] = 1.0
-    # Training and validation windows end this often (None: every_h, the edge's cadence). Finer than every_h, a small
-    # fleet gives the model more windows, overlapping, for the same steps; the checkpoint still says every_h.
-    train_every_h: Annotated[float, Field(gt=0)] | None = None
     min_points: Annotated[int, Field(ge=1)] = 3
     # model
     # The defaults are ModelConfig's (see there for why), read from it so the two cannot drift apart.
@@ -228,11 +225,6 @@ class TrainSettings(BaseModel):
             min_points=self.min_points,
             event_lookback_h=self.tokenizer.window_h + self.tokenizer.event_lookback_h,
         )
-
-    def training_window_spec(self) -> WindowSpec:
-        """How training and validation windows are cut: :meth:`window_spec` at ``train_every_h`` where it is set."""
-        spec = self.window_spec()
-        return spec if self.train_every_h is None else replace(spec, every_h=self.train_every_h)
 
 
 @dataclass
@@ -931,7 +923,7 @@ def train(
         min_failures=settings.min_validation_failures,
     )
     progress.stage("cutting windows")
-    train_windows, validation_windows = split_windows(fleet, settings.training_window_spec(), split)
+    train_windows, validation_windows = split_windows(fleet, settings.window_spec(), split)
     result = train_on_windows(
         train_windows,
         validation_windows,
