@@ -144,7 +144,7 @@ def test_the_whole_suite_measures_the_lms_own_budget_and_hands_out_the_longest_f
     (fd001,) = [d for d in suite.DATASETS if d.name == "cmapss_fd001"]
     assert whole.max_minutes is None and whole.seeds == [0, 1, 2]
     assert suite.training_settings(fd001, 0, whole).max_minutes == TrainSettings.model_fields["max_minutes"].default
-    assert suite.training_settings(fd001, 0, suite.parse_args(["--quick"])).max_minutes == 3.0
+    assert suite.training_settings(fd001, 0, suite.parse_args(["--quick"])).max_minutes == 4.0
     assert suite.parse_args(["--threads", "2"]).jobs == max(1, (os.cpu_count() or 1) // 2)
     order = [d.name for d in suite.longest_first(suite.DATASETS)]
     assert order[0] == "cmapss_fd004" and set(order) == {d.name for d in suite.DATASETS}
