@@ -522,6 +522,11 @@ def _machine() -> dict[str, Any]:
     }
 
 
+def failed_entry(dataset: Dataset, err: BaseException) -> dict[str, Any]:
+    """A dataset's row when it could not run at all: its facts and the error, no seeds."""
+    return {"facts": dataset.facts(), "runs": [], "error": f"{type(err).__name__}: {err}"}
+
+
 def run_dataset(dataset: Dataset, args: argparse.Namespace) -> dict[str, Any]:
     """One dataset: cut its windows once, then every seed's LM and baselines. A seed that fails is recorded with its
     error, and the other seeds still run."""
@@ -531,8 +536,7 @@ def run_dataset(dataset: Dataset, args: argparse.Namespace) -> dict[str, Any]:
         prepared = prepare(dataset, args.datasets, work, training_settings(dataset, args.seeds[0], args))
     except Exception as err:  # one dataset's failure is recorded, and the others still run
         log.error("%s: %s", dataset.name, err)
-        entry["error"] = f"{type(err).__name__}: {err}"
-        return entry
+        return failed_entry(dataset, err)
     entry["windows"] = {
         "train": outcome_counts(prepared.train),
         "validation": outcome_counts(prepared.validation),
@@ -565,7 +569,7 @@ def _run_dataset_in_worker(dataset: Dataset, args: argparse.Namespace) -> dict[s
     try:
         return run_dataset(dataset, args)
     except BaseException as err:  # a worker's crash is the dataset's error, not the whole run's
-        return {"facts": dataset.facts(), "runs": [], "error": f"{type(err).__name__}: {err}"}
+        return failed_entry(dataset, err)
 
 
 def longest_first(datasets: Sequence[Dataset]) -> list[Dataset]:
@@ -618,7 +622,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     entry = future.result()
                 except Exception as err:  # the worker process itself died (killed, out of memory)
                     log.error("%s: %s", dataset.name, err)
-                    entry = {"facts": dataset.facts(), "runs": [], "error": f"{type(err).__name__}: {err}"}
+                    entry = failed_entry(dataset, err)
                 done(dataset.name, entry)
     results["minutes"] = round((time.monotonic() - started) / 60, 2)
     results["machine"]["load_average_end"] = os.getloadavg()[0]
