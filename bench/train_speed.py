@@ -8,6 +8,7 @@ and the speed-up of the loop against the first device.
 
     .venv/bin/python bench/train_speed.py --devices cpu                      # this machine
     python3 bench/train_speed.py --devices cpu,cuda --threads 1,16           # a cloud box with a GPU
+    .venv/bin/python bench/train_speed.py --activations gelu_new,gelu_pytorch_tanh   # GELU kernels, same math
 
 Defaults are C-MAPSS FD001's training split with a 30-hour horizon.
 """
@@ -15,12 +16,14 @@ Defaults are C-MAPSS FD001's training split with a 30-hour horizon.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import platform
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -43,15 +46,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-embd", type=int, default=TrainSettings.model_fields["n_embd"].default)
     parser.add_argument("--n-layer", type=int, default=TrainSettings.model_fields["n_layer"].default)
     parser.add_argument("--n-head", type=int, default=TrainSettings.model_fields["n_head"].default)
+    parser.add_argument(
+        "--activations",
+        default="",
+        help="GPT-2 activation names, comma-separated: one run per name on each device (default: the model's own)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
-    runs: list[tuple[str, int]] = []
+    runs: list[tuple[str, int, str]] = []
+    activations = args.activations.split(",") if args.activations else [""]
     for device in args.devices.split(","):
-        if device == "cpu":
-            runs += [("cpu", int(t)) for t in args.threads.split(",")]
-        else:
-            runs.append((device, 1))
+        for activation in activations:
+            if device == "cpu":
+                runs += [("cpu", int(t), activation) for t in args.threads.split(",")]
+            else:
+                runs.append((device, 1, activation))
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
@@ -61,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load:    {os.getloadavg()[0]:.1f} (1 min) before")
     print(f"data:    {args.data}, horizon {args.horizon:g} h; {args.steps} steps of batch {args.batch_size}")
     rows = []
-    for device, threads in runs:
+    for device, threads, activation in runs:
         settings = TrainSettings(
             horizon_h=args.horizon,
             scaling=args.scaling,
@@ -75,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
             threads=threads,
             device=device,
         )
-        with tempfile.TemporaryDirectory(prefix="train-speed-") as out:
+        with tempfile.TemporaryDirectory(prefix="train-speed-") as out, built_with(activation):
             started = time.perf_counter()
             result = train(
                 args.data / "telemetry.csv",
@@ -87,14 +97,37 @@ def main(argv: list[str] | None = None) -> None:
             wall = time.perf_counter() - started
         history = result.meta.training["history"]
         loop_s = float(history[-1]["seconds"]) if history else float("nan")
-        rows.append((f"{device} x{threads}" if device == "cpu" else device, loop_s, wall, result))
+        name = (f"{device} x{threads}" if device == "cpu" else device) + (f" {activation}" if activation else "")
+        rows.append((name, loop_s, wall, result))
         print(f"  {rows[-1][0]}: loop {loop_s:.1f} s, train() {wall:.1f} s", flush=True)
     print(f"\nmodel: {rows[0][3].meta.parameters:,} parameters")
-    print(f"{'device':<12} {'loop s':>8} {'steps/s':>8} {'speed-up':>9} {'train() s':>10} {'validation PR-AUC':>18}")
+    print(f"{'run':<28} {'loop s':>8} {'steps/s':>8} {'speed-up':>9} {'train() s':>10} {'validation PR-AUC':>18}")
     for name, loop_s, wall, result in rows:
         pr_auc = result.meta.validation.get("pr_auc", float("nan"))
         speedup = rows[0][1] / loop_s
-        print(f"{name:<12} {loop_s:>8.1f} {args.steps / loop_s:>8.2f} {speedup:>8.1f}x {wall:>10.1f} {pr_auc:>18.3f}")
+        print(f"{name:<28} {loop_s:>8.1f} {args.steps / loop_s:>8.2f} {speedup:>8.1f}x {wall:>10.1f} {pr_auc:>18.3f}")
+
+
+@contextlib.contextmanager
+def built_with(activation: str) -> Iterator[None]:
+    """Models built inside get this GPT-2 ``activation_function`` (nothing changes for ""): the bench's switch only;
+    the model's own is the one ``build_model`` sets."""
+    if not activation:
+        yield
+        return
+    from transformers import GPT2Config
+
+    original = GPT2Config.__init__
+
+    def init(self: GPT2Config, *a: object, **kw: object) -> None:
+        original(self, *a, **kw)
+        self.activation_function = activation
+
+    GPT2Config.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        GPT2Config.__init__ = original  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

@@ -286,6 +286,28 @@ def test_default_model_is_small_and_runs_at_each_context_length(n_positions: int
     assert logits.shape == (2, n_positions, 1000)
 
 
+def test_the_fused_gelu_computes_gpt2s_tanh_gelu() -> None:
+    """Training uses the one-kernel tanh GELU for speed; a model saved with it must score as GPT-2's "gelu_new" does
+    with the same weights (older checkpoints say "gelu_new", and the export writes FastGelu for both)."""
+    from transformers import GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    fused = build_model(ModelConfig(vocab_size=50, n_positions=32, n_embd=16, n_head=2, n_layer=2)).eval()
+    assert fused.config.activation_function == "gelu_pytorch_tanh"
+    config = fused.config.to_dict() | {"activation_function": "gelu_new"}
+    classic = GPT2LMHeadModel(type(fused.config).from_dict(config)).eval()
+    classic.load_state_dict(fused.state_dict())
+    ids = torch.randint(0, 50, (3, 32))
+    with torch.no_grad():
+        a = fused(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        b = classic(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    assert torch.allclose(a, b, atol=1e-5)
+    x = torch.linspace(-8, 8, 1001)
+    assert torch.allclose(fused.transformer.h[0].mlp.act(x), classic.transformer.h[0].mlp.act(x), atol=1e-6)
+    erf_gelu = torch.nn.functional.gelu(x)
+    assert not torch.allclose(fused.transformer.h[0].mlp.act(x), erf_gelu, atol=1e-6)  # the tanh GELU, not the erf
+
+
 def test_model_config_rejects_a_bad_shape() -> None:
     with pytest.raises(ValueError, match="n_embd=100 must be a multiple of n_head=3"):
         ModelConfig(vocab_size=10, n_embd=100, n_head=3)

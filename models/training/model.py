@@ -124,6 +124,10 @@ def build_model(config: ModelConfig) -> GPT2LMHeadModel:
         attn_pdrop=config.dropout,
         eos_token_id=None,
         tie_word_embeddings=True,
+        # GPT-2's tanh GELU as one fused kernel: the same function as "gelu_new" (which builds it from eight tensor ops,
+        # each kept for the backward pass), at two thirds of the training step's time on one CPU thread
+        # (BENCHMARKS.md, "A fused GELU"). The export writes FastGelu for either.
+        activation_function="gelu_pytorch_tanh",
     )
     if config.value_channel:  # ours: it picks the model class
         hf_config.value_channel = True
