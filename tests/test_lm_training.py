@@ -6,6 +6,7 @@ import csv
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -212,6 +213,39 @@ def test_a_search_keeps_the_candidate_validation_prefers_and_records_what_each_s
     plain = json.loads((tiny_checkpoint / CONFIG_FILE).read_text())
     assert results[0]["validation_pr_auc"] == plain["validation"]["pr_auc"]
     assert results[0]["step"] == plain["step"]
+
+
+def test_a_search_refits_only_the_candidate_it_keeps(
+    tiny_fleet: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import models.training.train as training
+
+    refitted: list[TrainSettings] = []
+    real = training.refit_on_everything
+
+    def counted(fits: Any, tokenizer: Any, train: Any, validation: Any, settings: TrainSettings, *a: Any) -> Any:
+        refitted.append(settings)
+        return real(fits, tokenizer, train, validation, settings, *a)
+
+    monkeypatch.setattr(training, "refit_on_everything", counted)
+    out = tmp_path / "searched"
+    settings = TrainSettings(**{**TINY, "search": [{"n_embd": 16}]})
+    train(tiny_fleet["telemetry"], tiny_fleet["events"], out, settings, machines=tiny_fleet["machines"])
+    meta = json.loads((out / CONFIG_FILE).read_text())
+    kept = next(i for i, r in enumerate(meta["training"]["search_results"]) if r["kept"])
+    assert len(refitted) == 1 and refitted[0].n_embd == (16 if kept == 1 else TINY["n_embd"])
+    assert meta["training"]["refit"]["selected_steps"] == [meta["training"]["search_results"][kept]["step"]]
+    assert meta["architecture"]["n_embd"] == refitted[0].n_embd
+
+
+def test_the_time_budget_is_shared_by_the_selections_and_one_refit() -> None:
+    from models.training.train import selection_minutes
+
+    plain = TrainSettings(**{**TINY, "max_minutes": 12.0})
+    assert selection_minutes(plain, 800, 200, 1) == pytest.approx(12 * 800 / 1800)  # T / (2T + V): as before a search
+    assert selection_minutes(plain, 800, 200, 2) == pytest.approx(12 * 800 / 2600)  # two selections, one refit
+    no_refit = TrainSettings(**{**TINY, "max_minutes": 12.0, "refit": False})
+    assert selection_minutes(no_refit, 800, 200, 3) == pytest.approx(4.0)
 
 
 def test_a_search_names_a_candidate_that_overrides_nothing_or_what_it_cannot() -> None:

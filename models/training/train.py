@@ -21,7 +21,7 @@ The recipe (nanoGPT's habits, as importable functions rather than a script):
    stay the ones chosen on validation.
 6. With ``search`` (a list of setting overrides), steps 2 to 5 run once for the settings as given and once for each
    variant, on the same windows from the same seed, and the candidate with the best validation PR-AUC is the one saved
-   (:func:`search_candidates`).
+   (:func:`search_candidates`). Only the kept candidate is refitted: a refit costs about a selection run again.
 
 Torch uses ``threads`` CPU threads: 1 by default, at most 2. On a shared machine one thread is faster than two
 (two threads spin-wait on each other whenever the other is descheduled).
@@ -48,7 +48,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch.optim.swa_utils import AveragedModel
 from transformers import PreTrainedModel
 
-from models.edge.calibration import brier_score, expected_calibration_error, fit_platt, log_loss, reliability_bins
+from models.edge.calibration import (
+    Calibration,
+    brier_score,
+    expected_calibration_error,
+    fit_platt,
+    log_loss,
+    reliability_bins,
+)
 from models.edge.outcome import outcome_probabilities, pack_sequences
 from models.edge.tokenizer import TelemetryTokenizer, TokenizerSettings
 from models.training.dataset import (
@@ -642,12 +649,34 @@ def refit_on_everything(
 
 
 class _Fitted(NamedTuple):
-    """One candidate trained, nothing written yet: what the search compares and the kept one saves."""
+    """The kept candidate trained (and refitted), nothing written yet: what ``train_on_windows`` saves."""
 
     model: torch.nn.Module
     tokenizer: TelemetryTokenizer
     meta: CheckpointMeta
     validation_encoded: EncodedWindows
+
+
+@dataclass
+class _Selected:
+    """One candidate through steps 2 to 5 before any refit: what the search compares."""
+
+    settings: TrainSettings
+    tokenizer: TelemetryTokenizer
+    architecture: ModelConfig | None
+    train_encoded: EncodedWindows
+    validation_encoded: EncodedWindows
+    fits: list[FitResult]
+    result: FitResult
+    scores: np.ndarray
+    raw_threshold: float
+    calibration: Calibration
+    validation: dict[str, Any]
+    cpu_s: float
+
+    @property
+    def pr_auc(self) -> float:
+        return float(self.validation["pr_auc"])
 
 
 @dataclass(frozen=True)
@@ -659,25 +688,38 @@ class Candidate:
 
 
 def search_candidates(settings: TrainSettings) -> list[Candidate]:
-    """The settings as given, then each of ``settings.search`` applied to them; the time budget shared equally."""
-    share = settings.max_minutes / (1 + len(settings.search))
+    """The settings as given, then each of ``settings.search`` applied to them (the time budget is shared out by
+    :func:`selection_minutes`)."""
     given = settings.model_dump(exclude={"search", "tokenizer"})
     tokenizer = settings.tokenizer.model_dump()
     candidates = []
     for overrides in ({}, *settings.search):
-        chosen = {**given, "tokenizer": tokenizer, **overrides, "max_minutes": share, "search": ()}
+        chosen = {**given, "tokenizer": tokenizer, **overrides, "search": ()}
         candidates.append(Candidate(TrainSettings.model_validate(chosen), dict(overrides)))
     return candidates
 
 
-def _fit(
+def selection_minutes(settings: TrainSettings, train_windows: int, validation_windows: int, candidates: int) -> float:
+    """Each candidate's share of ``max_minutes`` for its selection run (all members together).
+
+    With a refit to come, the budget is shared by the candidates' selection runs and the one refit, in proportion to
+    the windows each learns (the refit learns training and validation windows): for a plain run, the selection gets
+    ``T / (2T + V)`` of it. A refit that does not fit in what the selections leave is cut (:func:`refit_on_everything`).
+    """
+    if not settings.refit:
+        return settings.max_minutes / candidates
+    return settings.max_minutes * train_windows / (candidates * train_windows + train_windows + validation_windows)
+
+
+def _select(
     train_windows: Sequence[LabeledWindow],
     validation_windows: Sequence[LabeledWindow],
     settings: TrainSettings,
-    data: dict[str, Any] | None,
+    minutes: float,
     progress: Progress,
-) -> _Fitted:
-    """Steps 2 to 5 of the recipe for one set of settings, up to the checkpoint's metadata."""
+) -> _Selected:
+    """Steps 2 to 5 of the recipe for one set of settings, within ``minutes``: the model validation chooses, its
+    threshold and calibration; no refit yet."""
     cpu_started = time.process_time()
     random.seed(settings.seed)
     np.random.seed(settings.seed)
@@ -689,18 +731,11 @@ def _fit(
     validation_encoded = EncodedWindows.of(tokenizer, validation_windows, values=settings.value_channel)
 
     architecture = model_config_for(tokenizer, settings) if settings.backbone is None else None
-    # A refit to come takes its steps' share of the time budget: about the selection run's steps again, scaled by how
-    # many more windows it learns.
-    selection_minutes = (
-        settings.max_minutes * len(train_windows) / (2 * len(train_windows) + len(validation_windows))
-        if settings.refit
-        else settings.max_minutes
-    )
     fits = []
     for member in range(settings.members):
         # Each member from its own seed, with an equal share of the time; one member is exactly a plain run.
         member_settings = settings.model_copy(
-            update={"seed": settings.seed + member, "max_minutes": selection_minutes / settings.members}
+            update={"seed": settings.seed + member, "max_minutes": minutes / settings.members}
         )
         member_name = f" member {member + 1} of {settings.members}" if settings.members > 1 else ""
         progress.stage(f"training{member_name} (steps)", total=settings.max_steps)
@@ -725,8 +760,6 @@ def _fit(
     raw_threshold = best_f1_threshold(validation_encoded.failed, scores)
     precision, recall, f1 = precision_recall_f1(validation_encoded.failed, scores, raw_threshold)
     calibration = fit_platt(validation_encoded.failed, scores)
-    # The map is strictly increasing, so the threshold on its scale alerts on exactly the windows the raw one did.
-    threshold = calibration.probability(raw_threshold)
     calibrated = calibration.probabilities(scores)
     validation = {
         **result.validation,
@@ -746,9 +779,41 @@ def _fit(
         "failed_windows": int(validation_encoded.failed.sum()),
         "failures": failures_in(validation_windows),
     }
+    return _Selected(
+        settings,
+        tokenizer,
+        architecture,
+        train_encoded,
+        validation_encoded,
+        fits,
+        result,
+        scores,
+        raw_threshold,
+        calibration,
+        validation,
+        time.process_time() - cpu_started,
+    )
+
+
+def _finish(
+    selected: _Selected,
+    train_windows: Sequence[LabeledWindow],
+    validation_windows: Sequence[LabeledWindow],
+    data: dict[str, Any] | None,
+    budget_s: float,
+    progress: Progress,
+) -> _Fitted:
+    """The kept candidate: refitted on every window (with ``refit``, within ``budget_s``), up to the checkpoint's
+    metadata."""
+    cpu_started = time.process_time() - selected.cpu_s
+    settings, tokenizer, architecture = selected.settings, selected.tokenizer, selected.architecture
+    train_encoded, validation_encoded = selected.train_encoded, selected.validation_encoded
+    fits, result, scores, raw_threshold = selected.fits, selected.result, selected.scores, selected.raw_threshold
+    calibration, validation = selected.calibration, dict(selected.validation)
+    # The map is strictly increasing, so the threshold on its scale alerts on exactly the windows the raw one did.
+    threshold = calibration.probability(raw_threshold)
     refit: dict[str, Any] = {}
     if settings.refit:
-        budget_s = settings.max_minutes * 60 - sum(fit.seconds for fit in fits)
         refits = refit_on_everything(
             fits, tokenizer, train_encoded, validation_encoded, settings, architecture, budget_s, progress
         )
@@ -834,8 +899,9 @@ def train_on_windows(
     windows came from (files, split); ``precursor evaluate`` refits the baselines from it.
 
     With ``settings.search``, every candidate (the settings as given, then each with its overrides) is trained on the
-    same windows from the same seed, within an equal share of ``max_minutes``; the one with the best validation PR-AUC
-    is saved, and ``precursor.json`` lists what each scored under ``training.search_results``.
+    same windows from the same seed, within an equal share of ``max_minutes`` (:func:`selection_minutes`); the one with
+    the best validation PR-AUC is refitted (with ``refit``) and saved, and ``precursor.json`` lists what each scored
+    under ``training.search_results``.
     """
     started = time.monotonic()
     cpu_started = time.process_time()  # all threads: torch trains on several
@@ -847,24 +913,28 @@ def train_on_windows(
     log.info("windows: training %s, validation %s", outcome_counts(train_windows), outcome_counts(validation_windows))
 
     candidates = search_candidates(settings)
-    fitted: list[_Fitted] = []
+    minutes = selection_minutes(settings, len(train_windows), len(validation_windows), len(candidates))
+    selected: list[_Selected] = []
     for number, candidate in enumerate(candidates, start=1):
         if len(candidates) > 1:
             log.info("search: candidate %d of %d: %s", number, len(candidates), candidate.overrides or "as given")
-        fitted.append(_fit(train_windows, validation_windows, candidate.settings, data, progress))
-    kept = max(range(len(fitted)), key=lambda i: (fitted[i].meta.validation["pr_auc"], -i))  # a tie keeps the first
-    model, tokenizer, meta, validation_encoded = fitted[kept]
+        selected.append(_select(train_windows, validation_windows, candidate.settings, minutes, progress))
+    kept = max(range(len(selected)), key=lambda i: (selected[i].pr_auc, -i))  # a tie keeps the first
+    budget_s = settings.max_minutes * 60 - sum(fit.seconds for one in selected for fit in one.fits)
+    model, tokenizer, meta, validation_encoded = _finish(
+        selected[kept], train_windows, validation_windows, data, budget_s, progress
+    )
     meta.training["cpu_s"] = round(time.process_time() - cpu_started, 1)  # every candidate's: the flow view's cost
     if len(candidates) > 1:
         meta.training["search_results"] = [
             {
                 "overrides": candidate.overrides,
-                "validation_pr_auc": one.meta.validation["pr_auc"],
-                "step": one.meta.step,
-                "seconds": one.meta.training["seconds"],
+                "validation_pr_auc": one.pr_auc,
+                "step": one.result.step,
+                "seconds": round(one.result.seconds, 1),  # the selection run's: only the kept one is refitted
                 "kept": i == kept,
             }
-            for i, (candidate, one) in enumerate(zip(candidates, fitted, strict=True))
+            for i, (candidate, one) in enumerate(zip(candidates, selected, strict=True))
         ]
         log.info("search: kept candidate %d of %d (%s)", kept + 1, len(candidates), candidates[kept].overrides)
         # The kept candidate's settings, with the search and the budget as asked for.
