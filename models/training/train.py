@@ -172,8 +172,9 @@ class TrainSettings(BaseModel):
     refit: bool = True
     # A small search inside training (issue #17 item 2): each entry overrides some of these settings (tokenizer names
     # included, e.g. {"block_stats": ["mean", "slope"]}). The settings as given and each variant are trained on the same
-    # windows from the same seed, each within an equal share of max_minutes, and the best on validation PR-AUC is kept
-    # (train_on_windows). Empty by default: each candidate costs a training.
+    # windows from the same seed, each within an equal share of max_minutes (selection_minutes), and the best on
+    # validation PR-AUC is kept and alone refitted (train_on_windows). Empty by default: each candidate costs a
+    # selection run.
     search: tuple[dict[str, Any], ...] = ()
     # split
     validation_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
