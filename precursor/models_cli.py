@@ -127,7 +127,7 @@ def train_command(
     ] = 1,
     max_minutes: Annotated[
         float, typer.Option(min=0.01, help="Training time budget, a cap (the selection run and the refit share it).")
-    ] = 12.0,
+    ] = 16.0,
     max_steps: Annotated[int, typer.Option(min=1, help="Most optimisation steps.")] = 600,
     n_layer: Annotated[int, typer.Option(min=1, help="Transformer layers.")] = 2,
     n_embd: Annotated[int, typer.Option(min=8, help="Model width.")] = 64,
