@@ -130,8 +130,8 @@ class TrainSettings(BaseModel):
     # A cap, not a target: FD001 (C-MAPSS size) reaches its 600 steps and the refit's well inside it. FD004, two and a
     # half times the engines, needs about 14 minutes with another training on the 2-core box; at 8 (the default
     # until 2026-12-03) its selection and refit were cut short and test PR-AUC was 0.810 against 0.856, and at 12 it
-    # still stopped at about 500 of 600 selection steps in the quality suite (BENCHMARKS.md, "Refit by default", "A
-    # fused GELU").
+    # still stopped at about 500 of 600 selection steps in the quality suite (BENCHMARKS.md, "Refit by default", "The
+    # fused GELU and a 16-minute budget").
     max_minutes: Annotated[float, Field(gt=0)] = 16.0
     eval_every: Annotated[int, Field(ge=1)] = 100
     aux_loss_weight: Annotated[float, Field(ge=0)] = 0.5
