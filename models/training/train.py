@@ -675,7 +675,6 @@ class _Selected:
     raw_threshold: float
     calibration: Calibration
     validation: dict[str, Any]
-    cpu_s: float
 
     @property
     def pr_auc(self) -> float:
@@ -723,7 +722,6 @@ def _select(
 ) -> _Selected:
     """Steps 2 to 5 of the recipe for one set of settings, within ``minutes``: the model validation chooses, its
     threshold and calibration; no refit yet."""
-    cpu_started = time.process_time()
     random.seed(settings.seed)
     np.random.seed(settings.seed)
     torch.manual_seed(settings.seed)  # whatever ran before in this process; each model's weights: fresh_model
@@ -794,7 +792,6 @@ def _select(
         raw_threshold,
         calibration,
         validation,
-        time.process_time() - cpu_started,
     )
 
 
@@ -808,7 +805,6 @@ def _finish(
 ) -> _Fitted:
     """The kept candidate: refitted on every window (with ``refit``, within ``budget_s``), up to the checkpoint's
     metadata."""
-    cpu_started = time.process_time() - selected.cpu_s
     settings, tokenizer, architecture = selected.settings, selected.tokenizer, selected.architecture
     train_encoded, validation_encoded = selected.train_encoded, selected.validation_encoded
     fits, result, scores, raw_threshold = selected.fits, selected.result, selected.scores, selected.raw_threshold
@@ -863,7 +859,6 @@ def _finish(
             **settings.model_dump(mode="json", exclude={"backbone"}),
             "tokenizer": tokenizer.settings.model_dump(mode="json"),
             "seconds": round(result.seconds, 1),
-            "cpu_s": round(time.process_time() - cpu_started, 1),  # tokenizing and training: the flow view's cost
             "history": result.history,
             **({"member_fits": [member_record(fit) for fit in fits]} if len(fits) > 1 else {}),
             **({"refit": refit} if refit else {}),
