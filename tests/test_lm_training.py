@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from models.edge.outcome import pack_sequences
@@ -236,6 +238,51 @@ def test_a_search_refits_only_the_candidate_it_keeps(
     assert len(refitted) == 1 and refitted[0].n_embd == (16 if kept == 1 else TINY["n_embd"])
     assert meta["training"]["refit"]["selected_steps"] == [meta["training"]["search_results"][kept]["step"]]
     assert meta["architecture"]["n_embd"] == refitted[0].n_embd
+
+
+def test_validation_keeps_its_best_step_and_with_a_tolerance_the_latest_close_to_it(
+    tiny_checkpoint: Path, tiny_fleet: dict[str, Path], tmp_path: Path
+) -> None:
+    plain = json.loads((tiny_checkpoint / CONFIG_FILE).read_text())
+    validated = [h for h in plain["training"]["history"] if "validation_pr_auc" in h]
+    assert plain["validation"]["pr_auc"] == max(h["validation_pr_auc"] for h in validated)
+    best = min(h["step"] for h in validated if h["validation_pr_auc"] == plain["validation"]["pr_auc"])
+    assert plain["step"] == best
+    # A tolerance as wide as PR-AUC itself: every step is close enough, so the last one validated is chosen.
+    out = tmp_path / "tolerant"
+    settings = TrainSettings(**{**TINY, "refit": False, "step_tolerance": 0.99})
+    train(tiny_fleet["telemetry"], tiny_fleet["events"], out, settings, machines=tiny_fleet["machines"])
+    tolerant = json.loads((out / CONFIG_FILE).read_text())
+    last = [h for h in tolerant["training"]["history"] if "validation_pr_auc" in h][-1]
+    assert tolerant["step"] == last["step"] == TINY["max_steps"]
+    assert tolerant["validation"]["pr_auc"] == last["validation_pr_auc"]
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 1), st.floats(0, 5)),
+        min_size=1,
+        max_size=12,
+    ),
+    st.sampled_from([0.0, 0.005, 0.02, 0.1]),
+)
+def test_checkpoints_dropped_during_training_could_never_have_been_chosen(
+    scores: list[tuple[float, float]], tolerance: float
+) -> None:
+    from models.training.train import _Checkpoint, _chosen_checkpoint, _within_tolerance
+
+    every = [_Checkpoint(100 * (i + 1), pr_auc, nll, {}) for i, (pr_auc, nll) in enumerate(scores)]
+    kept: list[_Checkpoint] = []
+    for checkpoint in every:
+        kept = _within_tolerance([*kept, checkpoint], tolerance)
+    chosen = _chosen_checkpoint(kept, tolerance)
+    assert chosen is _chosen_checkpoint(every, tolerance)
+    best = max(pr_auc for pr_auc, _ in scores)
+    assert chosen.pr_auc >= best - tolerance
+    if tolerance > 0:
+        assert all(c.step <= chosen.step for c in every if c.pr_auc >= best - tolerance)
+    else:  # as before the tolerance: the best PR-AUC, the lower log loss between equals, then earlier
+        assert (chosen.pr_auc, -chosen.outcome_nll) == max((c.pr_auc, -c.outcome_nll) for c in every)
 
 
 def test_the_time_budget_is_shared_by_the_selections_and_one_refit() -> None:

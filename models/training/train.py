@@ -12,7 +12,8 @@ The recipe (nanoGPT's habits, as importable functions rather than a script):
    only which side of the horizon it falls; and, weighted by ``aux_loss_weight``, the window's own tokens after the
    context (each block's sensor tokens predicted from the ones before). Failures are rare: both extra targets give
    every window, failed or not, more to learn from. Scoring reads only the outcome distribution.
-4. Every ``eval_every`` steps, score the validation windows; keep the step with the best validation PR-AUC.
+4. Every ``eval_every`` steps, score the validation windows; keep the step with the best validation PR-AUC (with
+   ``step_tolerance``, the latest step within that much of the best).
 5. Choose the alert threshold on validation (best F1), fit the calibration map on validation's risks
    (:mod:`models.edge.calibration`) and express the threshold on its scale, write the checkpoint folder, and, given a
    signing key, export the signed int8 ONNX artifact (:mod:`models.training.export`).
@@ -134,6 +135,9 @@ class TrainSettings(BaseModel):
     # fused GELU and a 16-minute budget").
     max_minutes: Annotated[float, Field(gt=0)] = 16.0
     eval_every: Annotated[int, Field(ge=1)] = 100
+    # Validation PR-AUC a later step may give up and still be chosen over the best one (fit_model): on small validation
+    # sets steps hundreds apart score within noise of each other, and the later one has trained longer at a lower rate.
+    step_tolerance: Annotated[float, Field(ge=0, lt=1)] = 0.0
     aux_loss_weight: Annotated[float, Field(ge=0)] = 0.5
     followup_loss_weight: Annotated[float, Field(ge=0)] = 0.5
     # Which kind of failure, against whether one comes (sequence_loss): 1 is plain cross-entropy on the outcome token.
@@ -418,6 +422,35 @@ class FitResult:
     seed: int = 0
 
 
+@dataclass
+class _Checkpoint:
+    step: int
+    pr_auc: float
+    outcome_nll: float
+    state: dict[str, torch.Tensor]
+
+
+def _best(checkpoints: Sequence[_Checkpoint]) -> _Checkpoint:
+    """The highest validation PR-AUC; the lower outcome log loss between equals; the earlier step between those."""
+    return max(checkpoints, key=lambda c: (c.pr_auc, -c.outcome_nll, -c.step))
+
+
+def _within_tolerance(checkpoints: list[_Checkpoint], tolerance: float) -> list[_Checkpoint]:
+    """The checkpoints that may still be chosen: the best, and with a tolerance every one that close to it."""
+    best = _best(checkpoints)
+    if tolerance == 0:
+        return [best]
+    return [c for c in checkpoints if c.pr_auc >= best.pr_auc - tolerance]
+
+
+def _chosen_checkpoint(checkpoints: Sequence[_Checkpoint], tolerance: float) -> _Checkpoint:
+    """The best on validation, or with a tolerance the latest step within it of the best."""
+    if tolerance == 0:
+        return _best(checkpoints)
+    best = _best(checkpoints)
+    return max((c for c in checkpoints if c.pr_auc >= best.pr_auc - tolerance), key=lambda c: c.step)
+
+
 def fit_model(
     model: PreTrainedModel,
     tokenizer: TelemetryTokenizer,
@@ -426,7 +459,8 @@ def fit_model(
     settings: TrainSettings,
     progress: Progress = NO_PROGRESS,
 ) -> FitResult:
-    """Train, scoring validation every ``eval_every`` steps; return the model as it was at its best validation step.
+    """Train, scoring validation every ``eval_every`` steps; return the model as it was at its best validation step
+    (with ``step_tolerance``, the latest step within that much validation PR-AUC of the best).
 
     Without ``validation`` (a refit on every window, whose step was chosen before) nothing is chosen: the model is
     the one at the end (its moving average), and the history holds the training losses only.
@@ -457,7 +491,8 @@ def fit_model(
     missing_ids = tokenizer.missing_ids()
     started = time.monotonic()
     deadline = started + settings.max_minutes * 60
-    best: tuple[float, float] = (-math.inf, -math.inf)
+    # Every validated step that may still be chosen: one within step_tolerance of the best so far (the best only rises).
+    kept: list[_Checkpoint] = []
     best_state: dict[str, torch.Tensor] | None = None
     best_step, best_metrics = 0, {}
     history: list[dict[str, float]] = []
@@ -513,13 +548,16 @@ def fit_model(
             history.append(record)
             log.info("step %d: %s", step, record)
             running[:] = 0
-            if validation is not None and (pr_auc, -validation_nll) > best:
-                best = (pr_auc, -validation_nll)
-                best_state = copy.deepcopy(scored.state_dict())
-                best_step, best_metrics = step, {"pr_auc": pr_auc, "outcome_nll": validation_nll}
+            if validation is not None:
+                kept.append(_Checkpoint(step, pr_auc, validation_nll, copy.deepcopy(scored.state_dict())))
+                kept = _within_tolerance(kept, settings.step_tolerance)
             model.train()
         if out_of_time:
             break
+    if kept:
+        chosen = _chosen_checkpoint(kept, settings.step_tolerance)
+        best_state, best_step = chosen.state, chosen.step
+        best_metrics = {"pr_auc": chosen.pr_auc, "outcome_nll": chosen.outcome_nll}
     if validation is None:
         best_state = copy.deepcopy((averaged.module if averaged is not None else model).state_dict())
         best_step = step
