@@ -5,6 +5,7 @@ window builder), and waiting on a condition with a deadline.
 
 from __future__ import annotations
 
+import getpass
 import itertools
 import json
 import socket
@@ -43,6 +44,7 @@ class Mosquitto:
         config = self.directory / "mosquitto.conf"
         config.write_text(
             f"listener {self.port} 127.0.0.1\n"
+            f"user {getpass.getuser()}\n"  # as root, mosquitto would switch to a user that cannot write its log here
             "allow_anonymous true\n"
             "persistence true\n"
             f"persistence_location {self.directory}/\n"
@@ -64,6 +66,13 @@ class Mosquitto:
                 time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"mosquitto did not listen on {self.port} within {timeout_s} s")
+
+    def disconnections(self, client_id: str) -> int:
+        """How many times the broker has logged ``client_id`` going away: it has then handled everything that
+        client sent before (its acknowledgements included)."""
+        log = self.directory / "mosquitto.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return text.count(f"Client {client_id} disconnected") + text.count(f"Client {client_id} closed its connection")
 
     def stop(self) -> None:
         process, self.process = self.process, None

@@ -36,6 +36,7 @@ def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mosquitto]:
 
 class Subscriber:
     def __init__(self, broker: Mosquitto, client_id: str, topic: str) -> None:
+        self.broker, self.client_id = broker, client_id
         spec = MqttSource(port=broker.port, topics=[topic], client_id=client_id)
         self.source = MqttSubscription(spec, edge_id="unused")
         self.batches: list[SourceBatch] = []
@@ -68,9 +69,14 @@ class Subscriber:
             self.source.acknowledge(batch.ack)
 
     def close(self) -> None:
+        """Stop, and wait until the broker has handled the disconnection: a client that connects with the same id
+        before then takes the session over, and the broker drops whatever of this one's it had not read yet (its last
+        acknowledgements, which would then come back as redeliveries)."""
+        before = self.broker.disconnections(self.client_id)
         self.stop.set()
         self.thread.join(5)
         self.source.close()
+        wait_for(lambda: self.broker.disconnections(self.client_id) > before, 10, what="the broker's disconnect")
 
 
 def publish(broker: Mosquitto, topic: str, values: range, machine_id: str = "m1") -> None:
@@ -152,6 +158,7 @@ def test_the_daemon_turns_mqtt_readings_into_predictions_and_acknowledges_them(
     daemon.request_stop()
     runner.join(20)
     assert not runner.is_alive()
+    wait_for(lambda: mosquitto.disconnections("edge-mqtt-d") == 1, 10, what="the broker's disconnect")
 
     box = Outbox(config.state_dir / "outbox.sqlite", max_bytes=10**8)
     predictions = [decode(Prediction, r.value) for r in box.reader().pending(1000) if r.kind == "prediction"]

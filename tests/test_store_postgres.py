@@ -4,8 +4,8 @@ beside another run writing the same database; the password never shows; ``precur
 from __future__ import annotations
 
 import logging
-import os
 import shutil
+import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -148,12 +148,12 @@ def test_the_password_is_in_no_message_repr_or_log(
     assert password not in caplog.text
 
 
-def test_store_up_status_down(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_store_up_status_down(monkeypatch: pytest.MonkeyPatch) -> None:
     from precursor.store_cli import store_app
 
-    # Under /tmp itself: a root test run starts the server as the postgres account, which must reach the folder.
-    state = Path(tmp_path_factory.getbasetemp()).parent.parent / f"precursor-store-cli-{os.getpid()}"
-    state.mkdir(mode=0o755, exist_ok=True)
+    # Not under pytest's temporary folder (private to the user, one level deeper in a parallel worker): a root test
+    # run starts the server as the postgres account, which must reach the folder.
+    state = Path(tempfile.mkdtemp(prefix="precursor-store-cli-"))
     state.chmod(0o755)
     runner = CliRunner()
     monkeypatch.setenv("PGPASSFILE", str(state / "postgres" / "pgpass"))  # as `up` tells the user to
