@@ -15,6 +15,10 @@ from precursor.contracts.settings import KafkaSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# Fixture modules that test modules load with ``pytest_plugins``: a parallel worker may import one before pytest
+# would rewrite its asserts, which then fail without saying what they compared.
+pytest.register_assert_rewrite(*(f"tests.{path.stem}" for path in Path(__file__).parent.glob("fixtures_*.py")))
+
 
 def shared_kafka_lib_dir() -> Path:
     """Where the developer's own broker keeps its jars, so a test session reuses them instead of copying 46 MB."""
