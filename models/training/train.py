@@ -448,11 +448,8 @@ def _within_tolerance(checkpoints: list[_Checkpoint], tolerance: float) -> list[
 
 
 def _chosen_checkpoint(checkpoints: Sequence[_Checkpoint], tolerance: float) -> _Checkpoint:
-    """The best on validation, or with a tolerance the latest step within it of the best."""
-    if tolerance == 0:
-        return _best(checkpoints)
-    best = _best(checkpoints)
-    return max((c for c in checkpoints if c.pr_auc >= best.pr_auc - tolerance), key=lambda c: c.step)
+    """The best on validation, or with a tolerance the latest step within it of the best (checkpoints in step order)."""
+    return _within_tolerance(list(checkpoints), tolerance)[-1]
 
 
 def fit_model(
