@@ -173,14 +173,11 @@ def postgres(root: Path) -> Iterator[tuple[Any, str]]:
 
 @contextmanager
 def kafka_cluster(root: Path) -> Iterator[Any]:
-    from infra.kafka_broker import LocalKafka, free_ports
+    from infra.kafka_broker import LocalKafka
     from infra.kafka_cluster import LocalKafkaCluster
-    from infra.processes import port_in_use
+    from infra.processes import free_ports
 
-    for _ in range(50):
-        (first,) = free_ports(1)
-        if first + 6 < 65535 and not any(port_in_use("127.0.0.1", first + i) for i in range(6)):
-            break
+    first = free_ports(6, consecutive=True)[0]  # each of three nodes takes a client and a controller port
     lib = LocalKafka(state_dir=Path(os.environ.get("PRECURSOR_STATE_DIR", REPO_ROOT / ".state"))).jars_root
     cluster = LocalKafkaCluster(state_dir=root, brokers=3, first_port=first, lib_dir=lib, topic_prefix="fleet")
     try:
@@ -193,8 +190,8 @@ def kafka_cluster(root: Path) -> Iterator[Any]:
 @contextmanager
 def flink_cluster(root: Path) -> Iterator[Any]:
     from infra.flink_cluster import FLINK_CLUSTER_LOGGING_POM, LocalFlinkCluster
-    from infra.kafka_broker import free_ports
     from infra.maven_jars import pom_digest, resolve_runtime_jars
+    from infra.processes import free_ports
     from pipelines.engines import FLINK_POM, EngineSettings
 
     settings = EngineSettings()

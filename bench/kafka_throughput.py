@@ -25,7 +25,8 @@ import kafka
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from infra.kafka_admin import admin_client, broker_reachable, ensure_topics
-from infra.kafka_broker import LocalKafka, free_ports, kafka_version
+from infra.kafka_broker import LocalKafka, kafka_version
+from infra.processes import free_ports
 from precursor.contracts.messages import Prediction, encode
 from precursor.contracts.settings import KafkaSettings
 from precursor.contracts.topics import TopicSpec

@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> None:
 def flink_cluster(settings: EngineSettings, taskmanagers: int) -> Iterator[tuple[EngineSettings, str]]:
     """A local Flink cluster for the run, on free ports, and engine settings that send flink jobs to it."""
     from infra.flink_cluster import FLINK_CLUSTER_LOGGING_POM, LocalFlinkCluster
-    from infra.kafka_broker import free_ports
     from infra.maven_jars import pom_digest, resolve_runtime_jars
+    from infra.processes import free_ports
 
     rest, rpc, pool = free_ports(3)
     with tempfile.TemporaryDirectory() as state:

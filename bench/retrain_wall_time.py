@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from infra.kafka_broker import free_ports
 from infra.prefect_server import OFFLINE_ENVIRONMENT, LocalPrefectServer
+from infra.processes import free_ports
 
 WINDOW_H, EVERY_H, INTERVAL_MIN = 6, 3, 30
 WINDOW_YIELD = 0.95

@@ -37,13 +37,11 @@ import hashlib
 import logging
 import os
 import secrets
-import socket
 import subprocess
 import time
 import uuid
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
-from contextlib import ExitStack
 from pathlib import Path
 
 from cryptography import x509
@@ -67,7 +65,6 @@ __all__ = [
     "TopicsEnsured",
     "broker_reachable",
     "ensure_topics",
-    "free_ports",
 ]
 
 log = logging.getLogger(__name__)
@@ -128,20 +125,6 @@ def _escape_property(value: str) -> str:
     'a\\\\b'
     """
     return value.replace("\\", "\\\\")
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports that nothing listens on right now, e.g. for a throwaway broker in a test.
-
-    >>> first, second = free_ports(2)
-    >>> first != second and min(first, second) > 0
-    True
-    """
-    with ExitStack() as stack:
-        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for probe in probes:  # all bound at once, so the kernel hands out different ports
-            probe.bind((host, 0))
-        return [probe.getsockname()[1] for probe in probes]
 
 
 class BrokerSecurity(BaseModel):

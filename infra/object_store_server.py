@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 
 from infra.go_tools import GoInstallError, go_install
-from infra.kafka_broker import free_ports
-from infra.processes import BackgroundProcess, Report, log_tail
+from infra.processes import BackgroundProcess, Report, free_ports, log_tail
 from precursor.contracts.object_store import ObjectStoreSettings
 from precursor.contracts.settings import PrecursorSettings
 

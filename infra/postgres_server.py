@@ -16,9 +16,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.kafka_broker import free_ports
 from infra.maven_jars import MissingToolError
-from infra.processes import Report
+from infra.processes import Report, free_ports
 
 PG_BIN_DIRS = tuple(Path(f"/usr/lib/postgresql/{v}/bin") for v in (17, 16, 15, 14))
 USER = "precursor"

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 
 Report = Callable[[str], None]
@@ -59,6 +61,62 @@ def port_in_use(host: str, port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_DEFAULT_EPHEMERAL = (32768, 60999)  # Linux's default; macOS hands out 49152-65535, above it anyway
+_LOWEST_CHOSEN_PORT = 10000  # below this live the well-known services people run on purpose
+_PORT_TRIES = 200
+_pick = random.SystemRandom()  # not the global generator: tests seed that, and two workers would pick alike
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The ports the kernel picks by itself: for ``bind(0)`` and as the source port of every outgoing connection."""
+    try:
+        low, high = (int(part) for part in _EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return _DEFAULT_EPHEMERAL
+    return low, high
+
+
+def free_ports(count: int, host: str = "127.0.0.1", *, consecutive: bool = False) -> list[int]:
+    """``count`` distinct ports that nothing listens on right now, e.g. for a throwaway broker in a test.
+
+    They come from below the kernel's ephemeral range. A port that ``bind(0)`` hands out is one the kernel may also
+    give any outgoing connection as its source port in the seconds before the service binds it; with tests in
+    parallel workers, a broker's controller port was taken that way. Below that range only another deliberate choice
+    can collide, and the choice is random. ``consecutive`` asks for a run ``first, first + 1, ...`` (a cluster whose
+    nodes number their ports from one base).
+
+    >>> first, second = free_ports(2)
+    >>> first != second and min(first, second) > 0
+    True
+    >>> low, _ = ephemeral_port_range()
+    >>> run = free_ports(3, consecutive=True)
+    >>> run == list(range(run[0], run[0] + 3)) and run[-1] < max(low, 65536)
+    True
+    """
+    low, high = ephemeral_port_range()
+    candidates = range(_LOWEST_CHOSEN_PORT, low) if low - _LOWEST_CHOSEN_PORT >= 1000 else range(high + 1, 65536)
+    if len(candidates) < 1000:  # the kernel owns nearly every port: let it choose
+        return _kernel_chosen_ports(count, host)
+    for _ in range(_PORT_TRIES):
+        if consecutive:
+            first = _pick.randrange(candidates.start, candidates.stop - count + 1)
+            ports = list(range(first, first + count))
+        else:
+            ports = _pick.sample(candidates, count)
+        if not any(port_in_use(host, port) for port in ports):
+            return ports
+    raise OSError(f"found no {count} free ports between {candidates.start} and {candidates.stop - 1} on {host}")
+
+
+def _kernel_chosen_ports(count: int, host: str) -> list[int]:
+    with ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:  # all bound at once, so the kernel hands out different ports
+            probe.bind((host, 0))
+        return [probe.getsockname()[1] for probe in probes]
 
 
 def log_tail(path: Path, lines: int = 30) -> str:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from infra.kafka_admin import admin_client, ensure_topics
-from infra.kafka_broker import LocalKafka, free_ports
+from infra.kafka_broker import LocalKafka
+from infra.processes import free_ports
 from precursor.contracts.settings import KafkaSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,6 @@ written down by hand.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from edge_agent.config import WindowSpec
 from edge_agent.parsing import Reading
 from edge_agent.summaries import TelemetrySummarizer, summary_messages
 from edge_agent.windows import WindowBuilder
+from infra.processes import free_ports
 from pipelines.alerts import AlertChange, MachineAlerts, Timeline, WriteAlertState, advance
 from pipelines.records import from_micros, prediction_record
 from precursor.contracts.alerting import AlertRule
@@ -293,16 +293,10 @@ def fill_store(
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def serving(app: object, *, port: int | None = None) -> Iterator[str]:
     """Run an ASGI app with uvicorn in a thread of this process; yields its base URL."""
-    port = port or free_port()
+    port = port or free_ports(1)[0]
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")  # type: ignore[arg-type]
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)

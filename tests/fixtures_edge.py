@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from infra.kafka_broker import free_ports
+from infra.processes import free_ports
 from models.edge.scoring import Window
 
 MOSQUITTO = Path("/usr/sbin/mosquitto")

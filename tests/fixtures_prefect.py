@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.kafka_broker import free_ports
 from infra.prefect_server import OFFLINE_ENVIRONMENT, LocalPrefectServer
+from infra.processes import free_ports
 
 for _key, _value in OFFLINE_ENVIRONMENT.items():
     os.environ.setdefault(_key, _value)

@@ -19,7 +19,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 
-from infra.kafka_broker import free_ports
+from infra.processes import free_ports
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade"}

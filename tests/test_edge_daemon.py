@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from edge_agent.config import EdgeConfig
 from edge_agent.daemon import AgentDaemon, main
 from edge_agent.outbox import Outbox
-from infra.kafka_broker import free_ports
+from infra.processes import free_ports
 from precursor.contracts.messages import Heartbeat, Prediction, decode
 from tests.fixtures_edge import wait_for
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from infra.kafka_broker import free_ports
 from infra.prefect_server import LocalPrefectServer, PrefectServerError, api_healthy
+from infra.processes import free_ports
 from precursor.flows_cli import flows_app
 
 pytest_plugins = ["tests.fixtures_prefect"]

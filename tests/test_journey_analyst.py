@@ -19,8 +19,9 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
+from infra.processes import free_ports
 from precursor.contracts.settings import KafkaSettings
-from tests.fixtures_api import AUTH, TOKEN, SimulatedStore, fill_store, free_port
+from tests.fixtures_api import AUTH, TOKEN, SimulatedStore, fill_store
 from tests.fixtures_browser import browser, wait_for  # noqa: F401  (browser is a fixture)
 
 pytestmark = pytest.mark.integration
@@ -59,7 +60,7 @@ def sim(tmp_path: Path) -> SimulatedStore:
 @pytest.fixture
 def served(sim: SimulatedStore, kafka_settings: KafkaSettings, tmp_path: Path) -> Iterator[str]:
     """`precursor serve` on a free port, its token from PRECURSOR_API_TOKENS, until the test ends."""
-    port = free_port()
+    (port,) = free_ports(1)
     env = {
         "PATH": f"{BIN}:/usr/bin:/bin",
         "HOME": str(tmp_path),

@@ -14,8 +14,9 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 
 from infra.kafka_admin import admin_client, broker_reachable, ensure_topics
-from infra.kafka_broker import BrokerError, LocalKafka, free_ports
+from infra.kafka_broker import BrokerError, LocalKafka
 from infra.maven_jars import MissingToolError
+from infra.processes import free_ports
 from precursor.contracts.messages import Prediction, decode, encode
 from precursor.contracts.settings import KafkaSettings
 from precursor.contracts.topics import Topics, TopicSpec

@@ -21,9 +21,8 @@ from kafka.admin import ConfigResource, ConfigResourceType
 
 from edge_agent.publisher import KafkaPublisher
 from infra.kafka_admin import admin_client
-from infra.kafka_broker import free_ports
 from infra.kafka_cluster import LocalKafkaCluster
-from infra.processes import port_in_use
+from infra.processes import free_ports
 from pipelines.run import run_once
 from precursor.contracts.messages import Prediction
 from precursor.contracts.settings import KafkaSettings
@@ -37,15 +36,6 @@ SENT = 600
 KILL_AFTER = 200
 
 
-def _free_port_run(count: int) -> int:
-    """The first of ``count`` consecutive free ports."""
-    for _ in range(50):
-        (first,) = free_ports(1)
-        if first + count < 65535 and not any(port_in_use("127.0.0.1", first + i) for i in range(count)):
-            return first
-    raise RuntimeError(f"found no {count} consecutive free ports")
-
-
 def _precursor(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "precursor", "kafka", *args], capture_output=True, text=True, timeout=240, check=False
@@ -55,7 +45,7 @@ def _precursor(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafkaCluster]:
     state = tmp_path_factory.mktemp("cluster-state")
-    first = _free_port_run(6)
+    first = free_ports(6, consecutive=True)[0]
     common = ("--brokers", "3", "--state-dir", str(state), "--port", str(first))
     lib = str(shared_kafka_lib_dir())
     started = subprocess.run(

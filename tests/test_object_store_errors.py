@@ -31,9 +31,9 @@ from edge_agent.config import EdgeConfig
 from edge_agent.scorers import RunningModel, ScorerSlot
 from edge_agent.updates import ModelUpdater
 from flows.labeled import field_labels
-from infra.kafka_broker import free_ports
 from infra.object_store_server import LocalS3
 from infra.prefect_server import OFFLINE_ENVIRONMENT
+from infra.processes import free_ports
 from models.edge.baselines import DriftZScore
 from models.edge.object_registry import open_registry
 from models.edge.registry import pack, release_for

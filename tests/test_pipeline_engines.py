@@ -19,7 +19,7 @@ from apache_beam.runners.portability.flink_runner import FlinkRunner
 
 from infra.beam_worker_pool import WorkerPool
 from infra.flink_cluster import LocalFlinkCluster
-from infra.kafka_broker import free_ports
+from infra.processes import free_ports
 from pipelines.engines import (
     FLINK,
     FLINK_LAUNCHER,

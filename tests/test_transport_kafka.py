@@ -19,8 +19,8 @@ from pydantic import SecretStr, ValidationError
 from edge_agent.config import EdgeConfig
 from edge_agent.daemon import AgentDaemon
 from infra.kafka_admin import KafkaAccessError, add_scram_users, check_access, edge_acls, ensure_topics, grant_acls
-from infra.kafka_broker import BrokerError, BrokerSecurity, LocalKafka, free_ports
-from infra.processes import process_cmdline
+from infra.kafka_broker import BrokerError, BrokerSecurity, LocalKafka
+from infra.processes import free_ports, process_cmdline
 from pipelines.kafka_io import KafkaRecord, ReadPartitionRange, plan_ranges
 from precursor.contracts.messages import Prediction, decode
 from precursor.contracts.settings import KafkaSettings

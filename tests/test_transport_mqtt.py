@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from edge_agent.config import ConfigError, EdgeConfig, MqttSource
 from edge_agent.mqtt import MqttRefused, MqttSubscription
 from edge_agent.parsing import Reading
-from infra.kafka_broker import free_ports
+from infra.processes import free_ports
 from tests.fixtures_tls import TestCA
 
 pytestmark = pytest.mark.integration
