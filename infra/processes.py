@@ -91,9 +91,8 @@ def free_ports(count: int, host: str = "127.0.0.1", *, consecutive: bool = False
     >>> first, second = free_ports(2)
     >>> first != second and min(first, second) > 0
     True
-    >>> low, _ = ephemeral_port_range()
     >>> run = free_ports(3, consecutive=True)
-    >>> run == list(range(run[0], run[0] + 3)) and run[-1] < max(low, 65536)
+    >>> run == list(range(run[0], run[0] + 3))
     True
     """
     low, high = ephemeral_port_range()
