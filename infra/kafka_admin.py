@@ -43,6 +43,7 @@ from kafka.errors import (
     UnknownBrokerIdError,
     for_code,
 )
+from kafka.protocol.metadata import MetadataRequest
 from kafka.structs import OffsetAndMetadata, TopicPartition
 from pydantic import SecretStr
 
@@ -331,6 +332,22 @@ def list_topics(settings: KafkaSettings, timeout_s: float = 10.0) -> list[str]:
     """Names of the cluster's topics, internal ones (``__consumer_offsets``) left out, sorted."""
     with admin_client(settings, timeout_s) as admin:
         return sorted(name for name in admin.list_topics() if not name.startswith("__"))
+
+
+def topics_on_node(settings: KafkaSettings, node_id: int, timeout_s: float = 5.0) -> set[str]:
+    """The topic names one node of the cluster reports, from its own metadata cache.
+
+    The admin client's ``list_topics`` asks whichever node is least loaded, so it cannot show that a topic made a
+    moment ago through one node is known to another yet. kafka-python (3.x) offers no public call to address a node,
+    so this sends the metadata request through the admin client's connection manager, naming the node."""
+    request = MetadataRequest(topics=None, allow_auto_topic_creation=False)
+
+    async def ask(admin: KafkaAdminClient) -> set[str]:
+        response = await admin._manager.send(request, node_id=node_id)
+        return {topic["name"] for topic in response.to_dict()["topics"] if topic["error_code"] == 0}
+
+    with admin_client(settings, timeout_s) as admin:
+        return admin._manager.run(ask, admin)
 
 
 def missing_topics(settings: KafkaSettings, names: Iterable[str], timeout_s: float = 5.0) -> list[str]:

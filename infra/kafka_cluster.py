@@ -33,7 +33,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.kafka_admin import admin_client, ensure_topics, list_topics
+from infra.kafka_admin import admin_client, ensure_topics, list_topics, topics_on_node
 from infra.kafka_broker import BrokerError, LocalKafka, new_cluster_id
 from infra.service_settings import AbsolutePath
 from precursor.contracts.settings import KafkaSettings
@@ -190,13 +190,14 @@ class LocalKafkaCluster(BaseModel):
         specs = Topics(settings.topic_prefix).specs(self.partitions)
         ensured = ensure_topics(settings, specs, replication_factor=self.replication_factor, timeout_s=timeout_s)
         # Created through one node, known to the others a moment later: a client that asks another node first (the
-        # edge checks its topics before it sends) must not be told they are missing.
+        # edge checks its topics before it sends) must not be told they are missing. Each node is asked by its id:
+        # a client bootstrapped from one node sends its requests to whichever node it likes.
         wanted = {spec.name for spec in specs}
         for node in self.nodes():
             if node.service.running_pid() is None:
                 continue
             one = settings.model_copy(update={"bootstrap_servers": node.bootstrap})
-            while not wanted <= set(list_topics(one, timeout_s=5.0)):
+            while not wanted <= topics_on_node(one, node.node_id, timeout_s=5.0):
                 if time.monotonic() > deadline:
                     raise BrokerError(f"node {node.node_id} did not learn of the new topics in {timeout_s:.0f} s")
                 time.sleep(0.1)

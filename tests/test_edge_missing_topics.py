@@ -17,7 +17,7 @@ import pytest
 from edge_agent.outbox import Outbox
 from edge_agent.publisher import KafkaPublisher, TopicsMissing
 from edge_agent.sender import OutboxSender
-from infra.kafka_admin import admin_client, ensure_topics
+from infra.kafka_admin import admin_client, ensure_topics, missing_topics
 from infra.kafka_broker import LocalKafka
 from precursor.contracts.messages import Heartbeat
 from precursor.contracts.settings import KafkaSettings
@@ -100,6 +100,10 @@ def test_topics_deleted_under_a_running_sender_are_named_without_a_flood(
         wait_until(lambda: outbox.depth == 0, 30)
         with admin_client(kafka_settings, timeout_s=10) as admin:
             admin.delete_topics([spec.name for spec in kafka_settings.topics.specs()])
+        # The broker applies a deletion a moment after the controller accepts it: a heartbeat sent in between is
+        # acknowledged into the doomed log, and the sender rightly reports nothing.
+        names = [spec.name for spec in kafka_settings.topics.specs()]
+        wait_until(lambda: missing_topics(kafka_settings, names) == sorted(names), 10)
         heartbeat(outbox)  # the producer now waits for a topic the cluster has no more
         wait_until(lambda: sender.last_error is not None and MISSING in sender.last_error, 40)
         repeats = [r for r in caplog.records if KAFKA_PYTHON_REPEAT in r.getMessage()]

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 from kafka.admin import ConfigResource, ConfigResourceType
+from kafka.errors import UnknownBrokerIdError
 
 from edge_agent.publisher import KafkaPublisher
-from infra.kafka_admin import admin_client
+from infra.kafka_admin import admin_client, topics_on_node
 from infra.kafka_cluster import LocalKafkaCluster
 from infra.processes import free_ports
 from pipelines.run import run_once
@@ -92,6 +93,16 @@ def test_topics_have_three_replicas_and_two_in_sync_required(cluster: LocalKafka
                 config_filter="all",
             )
         assert configs["topic"][topic]["min.insync.replicas"]["value"] == "2", configs
+
+
+def test_each_node_is_asked_for_its_topics_by_id(cluster: LocalKafkaCluster) -> None:
+    """What `ensure_topics` waits on: each node's own view, not whichever node a client picks."""
+    settings = cluster.kafka_settings().model_copy(update={"bootstrap_servers": cluster.node(1).bootstrap})
+    wanted = {spec.name for spec in settings.topics.specs()}
+    for node_id in (1, 2, 3):
+        assert wanted <= topics_on_node(settings, node_id)
+    with pytest.raises(UnknownBrokerIdError):
+        topics_on_node(settings, 4)
 
 
 def test_a_leader_killed_mid_stream_loses_and_doubles_nothing(cluster: LocalKafkaCluster, tmp_path: Path) -> None:
