@@ -98,11 +98,11 @@ def test_topics_deleted_under_a_running_sender_are_named_without_a_flood(
     try:
         heartbeat(outbox)
         wait_until(lambda: outbox.depth == 0, 30)
+        names = [spec.name for spec in kafka_settings.topics.specs()]
         with admin_client(kafka_settings, timeout_s=10) as admin:
-            admin.delete_topics([spec.name for spec in kafka_settings.topics.specs()])
+            admin.delete_topics(names)
         # The broker applies a deletion a moment after the controller accepts it: a heartbeat sent in between is
         # acknowledged into the doomed log, and the sender rightly reports nothing.
-        names = [spec.name for spec in kafka_settings.topics.specs()]
         wait_until(lambda: missing_topics(kafka_settings, names) == sorted(names), 10)
         heartbeat(outbox)  # the producer now waits for a topic the cluster has no more
         wait_until(lambda: sender.last_error is not None and MISSING in sender.last_error, 40)
