@@ -11,7 +11,9 @@ The recipe (nanoGPT's habits, as importable functions rather than a script):
    horizon (``<next:B>``, weighted by ``followup_loss_weight``), so the model learns how near a failure is and not
    only which side of the horizon it falls; and, weighted by ``aux_loss_weight``, the window's own tokens after the
    context (each block's sensor tokens predicted from the ones before). Failures are rare: both extra targets give
-   every window, failed or not, more to learn from. Scoring reads only the outcome distribution.
+   every window, failed or not, more to learn from. Scoring reads only the outcome distribution. With
+   ``teacher_weight``, whether a failure comes is also learned against gradient boosting's out-of-fold risk of each
+   window (:mod:`models.training.teacher`), a graded target where the labels give only 0 or 1.
 4. Every ``eval_every`` steps, score the validation windows; keep the step with the best validation PR-AUC (with
    ``step_tolerance``, the latest step within that much of the best).
 5. Choose the alert threshold on validation (best F1), fit the calibration map on validation's risks
@@ -37,7 +39,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple
@@ -85,6 +87,7 @@ from models.training.model import (
     save_checkpoint,
 )
 from models.training.progress import NO_PROGRESS, Progress
+from models.training.teacher import teacher_risks
 from precursor.contracts.outcomes import OK
 
 log = logging.getLogger(__name__)
@@ -150,6 +153,10 @@ class TrainSettings(BaseModel):
     # gradient boosting there (0.557, 0.530, 0.515, 0.531 against 0.543), and per-kind risks are then untrained.
     kind_loss_weight: Annotated[float, Field(ge=0)] = 1.0
     token_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    # Gradient boosting's out-of-fold risk of each training window as a soft target beside the hard label, with this
+    # weight (models.training.teacher): the trees turn a fleet's few failures into a graded risk per window. 0 (off)
+    # by default: it needs scikit-learn, and it has to earn its place across the quality suite.
+    teacher_weight: Annotated[float, Field(ge=0)] = 0.0
     # Bin tokens start on a line through embedding space, in order (models.training.model.init_ordinal_embeddings). Off
     # by default: on the simulator's fleet it reached its best validation step sooner but lower (0.566 against 0.591).
     ordinal_init: bool = False
@@ -255,6 +262,7 @@ class EncodedWindows:
     body_start: np.ndarray  # (N,) index of the first token after the context
     followups: np.ndarray  # (N,) the token after the outcome: time to the next failure (<next:B>)
     values: list[np.ndarray] | None = None  # beside each id, its value, for a model with a value channel
+    teacher: np.ndarray | None = None  # (N,) the trees' out-of-fold risk of each window (models.training.teacher)
 
     def subset(self, rows: np.ndarray) -> EncodedWindows:
         return EncodedWindows(
@@ -264,6 +272,7 @@ class EncodedWindows:
             body_start=self.body_start[rows],
             followups=self.followups[rows],
             values=None if self.values is None else [self.values[i] for i in rows],
+            teacher=None if self.teacher is None else self.teacher[rows],
         )
 
     def concat(self, other: EncodedWindows) -> EncodedWindows:
@@ -277,6 +286,9 @@ class EncodedWindows:
             body_start=np.concatenate([self.body_start, other.body_start]),
             followups=np.concatenate([self.followups, other.followups]),
             values=None if self.values is None or other.values is None else [*self.values, *other.values],
+            teacher=None
+            if self.teacher is None or other.teacher is None
+            else np.concatenate([self.teacher, other.teacher]),
         )
 
     @classmethod
@@ -313,7 +325,7 @@ def hide_readings(
         if batch.values is not None:
             hidden_values.append(np.where(hit, np.float32(0.0), batch.values[i]))
     values = hidden_values if batch.values is not None else None
-    return EncodedWindows(hidden, batch.targets, batch.failed, batch.body_start, batch.followups, values)
+    return replace(batch, ids=hidden, values=values)
 
 
 def auxiliary_targets(batch: EncodedWindows, last_index: np.ndarray, width: int) -> np.ndarray:
@@ -345,6 +357,7 @@ def sequence_loss(
     followup_loss_weight: float = 0.0,
     kind_loss_weight: float = 1.0,
     failure_ids: Sequence[int] = (),
+    teacher_weight: float = 0.0,
 ) -> Losses:
     """The training loss of one batch; the forward contract is ids + mask -> logits.
 
@@ -353,7 +366,8 @@ def sequence_loss(
     windows only), weighted by ``kind_loss_weight``. At weight 1 the two add up to the plain cross-entropy on the
     outcome token. Each body position predicts the next body token (weighted by ``aux_loss_weight``). With
     ``followup_loss_weight``, the outcome token is fed after the sequence and its position predicts the
-    time-to-failure bucket, when the model's ``context`` has room for it.
+    time-to-failure bucket, when the model's ``context`` has room for it. With ``teacher_weight`` and the batch's
+    ``teacher`` risks, whether a failure comes is also learned against those (binary cross-entropy).
     """
     feed_answer = followup_loss_weight > 0 and max(len(s) for s in batch.ids) < context
     answered = [[*ids, int(t)] for ids, t in zip(batch.ids, batch.targets, strict=True)]
@@ -376,6 +390,8 @@ def sequence_loss(
         logits[rows, tensor(question)], tensor(batch.targets), tensor(batch.failed), failure_ids, kind_loss_weight
     )
     total = outcome_loss
+    if teacher_weight > 0 and batch.teacher is not None and failure_ids:
+        total = total + teacher_weight * teacher_bce(logits[rows, tensor(question)], tensor(batch.teacher), failure_ids)
     followup_loss = torch.zeros((), device=device)
     if feed_answer:
         answer = tensor(packed.last_index)
@@ -407,6 +423,16 @@ def outcome_nll(
     whether = torch.where(failed, failure, target)
     which = torch.where(failed, target - failure, torch.zeros_like(target))
     return -(whether + kind_weight * which).mean()
+
+
+def teacher_bce(logits: torch.Tensor, teacher: torch.Tensor, failure_ids: Sequence[int]) -> torch.Tensor:
+    """Mean binary cross-entropy of the model's "a failure comes" (its mass on ``failure_ids``, against the rest)
+    against the teacher's risks ``(B,)``."""
+    log_p = F.log_softmax(logits.float(), dim=-1)
+    failure = torch.logsumexp(log_p[:, list(failure_ids)], dim=-1)
+    other = torch.log1p(-failure.exp().clamp(max=1 - 1e-6))
+    target = teacher.float().clamp(0.0, 1.0)
+    return -(target * failure + (1 - target) * other).mean()
 
 
 def validation_scores(model: PreTrainedModel, tokenizer: TelemetryTokenizer, encoded: EncodedWindows) -> np.ndarray:
@@ -519,6 +545,7 @@ def fit_model(
             followup_loss_weight=settings.followup_loss_weight,
             kind_loss_weight=settings.kind_loss_weight,
             failure_ids=failure_ids,
+            teacher_weight=settings.teacher_weight,
         )
         optimizer.zero_grad(set_to_none=True)
         losses.total.backward()
@@ -769,6 +796,11 @@ def _select(
     tokenizer.fit([w.window for w in train_windows], outcomes=[w.outcome for w in train_windows])
     train_encoded = EncodedWindows.of(tokenizer, train_windows, values=settings.value_channel)
     validation_encoded = EncodedWindows.of(tokenizer, validation_windows, values=settings.value_channel)
+    if settings.teacher_weight > 0:
+        progress.stage("fitting the teacher (gradient boosting, out of fold)")
+        train_encoded.teacher = teacher_risks(
+            train_windows, tokenizer.settings.model_dump(mode="json"), seed=settings.seed
+        )
 
     architecture = model_config_for(tokenizer, settings) if settings.backbone is None else None
     fits = []
@@ -852,6 +884,14 @@ def _finish(
     threshold = calibration.probability(raw_threshold)
     refit: dict[str, Any] = {}
     if settings.refit:
+        if settings.teacher_weight > 0:
+            # Out of fold over every window the refit learns: the selection run's teacher never saw validation.
+            progress.stage("fitting the teacher on training + validation windows")
+            everything = teacher_risks(
+                [*train_windows, *validation_windows], tokenizer.settings.model_dump(mode="json"), seed=settings.seed
+            )
+            train_encoded = replace(train_encoded, teacher=everything[: len(train_windows)])
+            validation_encoded = replace(validation_encoded, teacher=everything[len(train_windows) :])
         refits = refit_on_everything(
             fits, tokenizer, train_encoded, validation_encoded, settings, architecture, budget_s, progress
         )
