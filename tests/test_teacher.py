@@ -106,8 +106,7 @@ def test_sequence_loss_adds_the_weighted_soft_loss_and_batches_carry_the_teacher
         teacher_weight=1.0,
     )
     assert without.total.item() == pytest.approx(plain.total.item(), rel=1e-6)  # no risks, no soft term
-    taught = half
-    assert taught.outcome == pytest.approx(plain.outcome, rel=1e-6)  # the hard term is unchanged
+    assert half.outcome == pytest.approx(plain.outcome, rel=1e-6)  # the hard term is unchanged
 
 
 def test_training_with_a_teacher_records_it_and_learns(
