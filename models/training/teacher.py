@@ -46,7 +46,8 @@ def teacher_risks(
     """``(N,)`` float32: each window's failure risk from gradient boosting fitted on the other machines' windows.
 
     The features are the baseline's (:func:`models.edge.baselines.baseline_features`, with the LM's tokenizer
-    settings). A fold whose other machines hold no failed window (or no ok one) gets their base rate.
+    settings). A fold whose other machines hold no failed window (or no ok one) gets their base rate; a fleet of one
+    machine, the base rate of its own windows.
     """
     plain = [w.window for w in windows]
     labels = np.array([w.failed for w in windows], dtype=np.int64)
