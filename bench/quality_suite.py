@@ -59,7 +59,13 @@ from models.training.dataset import (  # noqa: E402
     outcome_counts,
     split_windows,
 )
-from models.training.evaluate import Metrics, best_f1_threshold, score_windows, window_metrics  # noqa: E402
+from models.training.evaluate import (  # noqa: E402
+    Metrics,
+    average_precision,
+    best_f1_threshold,
+    score_windows,
+    window_metrics,
+)
 from models.training.train import TrainSettings, failures_in, train_on_windows  # noqa: E402
 from precursor.contracts.durations import parse_duration  # noqa: E402
 
@@ -327,8 +333,9 @@ def run_baselines(prepared: Prepared, settings: TrainSettings, seed: int) -> dic
         minutes = (time.monotonic() - started) / 60
         on_validation = score_windows(baseline, prepared.validation)
         threshold = best_f1_threshold([w.failed for w in on_validation], [w.score for w in on_validation])
+        validation_pr_auc = average_precision([w.failed for w in on_validation], [w.score for w in on_validation])
         metrics = window_metrics(score_windows(baseline, prepared.test), threshold, settings.every_h)
-        out[baseline.name] = _metrics_record(metrics, minutes)
+        out[baseline.name] = _metrics_record(metrics, minutes, validation_pr_auc=validation_pr_auc)
     return out
 
 
@@ -360,6 +367,7 @@ def run_lm(prepared: Prepared, settings: TrainSettings, folder: Path) -> dict[st
         validation_pr_auc=result.meta.validation.get("pr_auc"),
         artifact=str(result.artifact_dir),
         **({"search": result.meta.training["search_results"]} if result.meta.training.get("search_results") else {}),
+        **({"teacher": refit["teacher"]} if "teacher" in (refit := result.meta.training.get("refit") or {}) else {}),
     )
 
 
