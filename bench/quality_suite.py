@@ -367,7 +367,6 @@ def run_lm(prepared: Prepared, settings: TrainSettings, folder: Path) -> dict[st
         validation_pr_auc=result.meta.validation.get("pr_auc"),
         artifact=str(result.artifact_dir),
         **({"search": result.meta.training["search_results"]} if result.meta.training.get("search_results") else {}),
-        **({"teacher": refit["teacher"]} if "teacher" in (refit := result.meta.training.get("refit") or {}) else {}),
     )
 
 

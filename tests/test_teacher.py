@@ -13,17 +13,8 @@ from models.edge.tokenizer import TelemetryTokenizer
 from models.training.dataset import Fleet, LabeledWindow, WindowSpec, build_windows
 from models.training.evaluate import average_precision
 from models.training.model import ModelConfig, build_model
-from models.training.progress import NO_PROGRESS
-from models.training.teacher import machine_folds, teacher_risks, trees_validation_risks
-from models.training.train import (
-    EncodedWindows,
-    TrainSettings,
-    _select,
-    sequence_loss,
-    teacher_bce,
-    teacher_decision,
-    train,
-)
+from models.training.teacher import machine_folds, teacher_risks
+from models.training.train import EncodedWindows, TrainSettings, sequence_loss, teacher_bce, train
 from precursor.contracts.outcomes import OK
 from tests.test_lm_training import TINY, write_tiny_fleet
 
@@ -125,57 +116,4 @@ def test_training_with_a_teacher_records_it_and_learns(
     settings = TrainSettings(**{**TINY, "teacher_weight": 1.0})
     result = train(files["telemetry"], files["events"], tmp_path / "model", settings, machines=files["machines"])
     assert result.meta.training["teacher_weight"] == 1.0
-    assert result.meta.training["refit"]["teacher"] == {"used": True, "when": "always"}
     assert result.meta.validation["pr_auc"] > 0.5
-
-
-def by_machine(windows: list[LabeledWindow], held: int) -> tuple[list[LabeledWindow], list[LabeledWindow]]:
-    """The last ``held`` machines' windows apart: a validation set of machines the trees never saw."""
-    machines = sorted({w.window.machine_id for w in windows})[-held:]
-    return [w for w in windows if w.window.machine_id not in machines], [
-        w for w in windows if w.window.machine_id in machines
-    ]
-
-
-def test_the_trees_score_validation_from_training_windows_alone(
-    fleet_windows: tuple[dict[str, Path], list[LabeledWindow]],
-) -> None:
-    _, windows = fleet_windows
-    train_windows, validation_windows = by_machine(windows, 2)
-    settings = TrainSettings(**TINY).tokenizer.model_dump(mode="json")
-    risks = trees_validation_risks(train_windows, validation_windows, settings, seed=0)
-    assert risks.shape == (len(validation_windows),) and risks.dtype == np.float32
-    failed = np.array([w.failed for w in validation_windows])
-    assert failed.any() and (average_precision(failed, risks) or 0) > 0.6
-    # Validation's labels play no part: calling every validation window ok leaves the risks as they were.
-    relabelled = [LabeledWindow(w.window, OK, None) for w in validation_windows]
-    np.testing.assert_array_equal(trees_validation_risks(train_windows, relabelled, settings, seed=0), risks)
-
-
-def test_the_refit_learns_from_the_trees_only_where_they_lead_on_validation(
-    fleet_windows: tuple[dict[str, Path], list[LabeledWindow]],
-) -> None:
-    _, windows = fleet_windows
-    train_windows, validation_windows = by_machine(windows, 2)
-    settings = TrainSettings(**{**TINY, "max_steps": 40, "teacher_weight": 1.0, "teacher_when": "trees_lead"})
-    selected = _select(train_windows, validation_windows, settings, minutes=5.0, progress=NO_PROGRESS)
-    assert selected.train_encoded.teacher is None  # the selection run learns the labels alone
-
-    lm_leads = replace(selected, validation={**selected.validation, "pr_auc": 1.0})
-    decision = teacher_decision(lm_leads, train_windows, validation_windows)
-    assert decision["used"] is False and decision["lm_validation_pr_auc"] == 1.0
-    assert 0.6 < decision["trees_validation_pr_auc"] <= 1.0
-
-    trees_lead = replace(selected, validation={**selected.validation, "pr_auc": 0.1})
-    assert teacher_decision(trees_lead, train_windows, validation_windows)["used"] is True
-
-    always = replace(selected, settings=settings.model_copy(update={"teacher_when": "always"}))
-    assert teacher_decision(always, train_windows, validation_windows) == {"used": True, "when": "always"}
-    off = replace(selected, settings=settings.model_copy(update={"teacher_weight": 0.0}))
-    assert teacher_decision(off, train_windows, validation_windows) == {"used": False}
-
-
-def test_a_teacher_after_selection_without_a_refit_is_refused() -> None:
-    with pytest.raises(ValueError, match="needs refit=true"):
-        TrainSettings(**{**TINY, "teacher_weight": 1.0, "teacher_when": "trees_lead", "refit": False})
-    TrainSettings(**{**TINY, "teacher_when": "trees_lead", "refit": False})  # no teacher: nothing to refuse

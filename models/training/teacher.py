@@ -68,28 +68,3 @@ def teacher_risks(
         risks[held] = trees.predict_proba(features[held][:, columns])[:, 1]
     log.info("teacher: %d windows, %d folds, mean risk %.4f", len(windows), len(np.unique(fold)), risks.mean())
     return risks
-
-
-def trees_validation_risks(
-    train_windows: Sequence[LabeledWindow],
-    validation_windows: Sequence[LabeledWindow],
-    tokenizer_settings: Mapping[str, Any],
-    *,
-    seed: int = 0,
-) -> np.ndarray:
-    """``(V,)`` float32: the teacher's trees fitted on every training window, scoring the validation windows.
-
-    What the trees would score where the LM's step was chosen: ``teacher_when="trees_lead"`` compares the two there.
-    Features fitted on training windows only, as the teacher's.
-    """
-    plain = [w.window for w in train_windows]
-    labels = np.array([w.failed for w in train_windows], dtype=np.int64)
-    spec = baseline_features(plain, tokenizer_settings)
-    features = feature_matrix(plain, spec)
-    held = feature_matrix([w.window for w in validation_windows], spec)
-    if labels.min(initial=1) == labels.max(initial=0):
-        return np.full(len(validation_windows), float(labels.mean()) if labels.size else 0.0, dtype=np.float32)
-    columns = np.flatnonzero(np.isfinite(features).any(axis=0))
-    trees = boosted_trees(seed=seed)
-    trees.fit(features[:, columns], labels)
-    return trees.predict_proba(held[:, columns])[:, 1].astype(np.float32)

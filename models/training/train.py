@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -87,7 +87,7 @@ from models.training.model import (
     save_checkpoint,
 )
 from models.training.progress import NO_PROGRESS, Progress
-from models.training.teacher import teacher_risks, trees_validation_risks
+from models.training.teacher import teacher_risks
 from precursor.contracts.outcomes import OK
 
 log = logging.getLogger(__name__)
@@ -159,11 +159,6 @@ class TrainSettings(BaseModel):
     # the trees lead, and lowered the error-code fleet (-0.013) and FD004 (-0.008, below the trees); +0.004 on the mean
     # of eight (BENCHMARKS.md, "The trees as a teacher").
     teacher_weight: Annotated[float, Field(ge=0)] = 0.0
-    # When the teacher teaches. "always": the selection run and the refit. "trees_lead": the selection run learns the
-    # labels alone; the refit learns the teacher too only if the trees, fitted on the training windows, score a higher
-    # validation PR-AUC than the selected LM (the refit's record says what each scored). Why: the teacher raised the
-    # fleets the trees lead and pulled down two the LM leads. Needs refit (without one nothing would learn from it).
-    teacher_when: Literal["always", "trees_lead"] = "always"
     # Bin tokens start on a line through embedding space, in order (models.training.model.init_ordinal_embeddings). Off
     # by default: on the simulator's fleet it reached its best validation step sooner but lower (0.566 against 0.591).
     ordinal_init: bool = False
@@ -234,12 +229,6 @@ class TrainSettings(BaseModel):
     def _value_channel_needs_our_model(self) -> TrainSettings:
         if self.value_channel and self.backbone is not None:
             raise ValueError("value_channel works with the built-in model only, not with a backbone")
-        return self
-
-    @model_validator(mode="after")
-    def _teacher_after_selection_needs_refit(self) -> TrainSettings:
-        if self.teacher_weight > 0 and self.teacher_when == "trees_lead" and not self.refit:
-            raise ValueError('teacher_when="trees_lead" teaches the refit only: it needs refit=true')
         return self
 
     @model_validator(mode="after")
@@ -809,7 +798,7 @@ def _select(
     tokenizer.fit([w.window for w in train_windows], outcomes=[w.outcome for w in train_windows])
     train_encoded = EncodedWindows.of(tokenizer, train_windows, values=settings.value_channel)
     validation_encoded = EncodedWindows.of(tokenizer, validation_windows, values=settings.value_channel)
-    if settings.teacher_weight > 0 and settings.teacher_when == "always":
+    if settings.teacher_weight > 0:
         progress.stage("fitting the teacher (gradient boosting, out of fold)")
         train_encoded.teacher = teacher_risks(
             train_windows, tokenizer.settings.model_dump(mode="json"), seed=settings.seed
@@ -879,38 +868,6 @@ def _select(
     )
 
 
-def teacher_decision(
-    selected: _Selected,
-    train_windows: Sequence[LabeledWindow],
-    validation_windows: Sequence[LabeledWindow],
-    progress: Progress = NO_PROGRESS,
-) -> dict[str, Any]:
-    """Whether the refit learns the teacher's risks too, and why (``teacher_weight``, ``teacher_when``)."""
-    settings = selected.settings
-    if settings.teacher_weight <= 0:
-        return {"used": False}
-    if settings.teacher_when == "always":
-        return {"used": True, "when": "always"}
-    progress.stage("scoring validation with the teacher's trees")
-    trees = trees_validation_risks(
-        train_windows, validation_windows, selected.tokenizer.settings.model_dump(mode="json"), seed=settings.seed
-    )
-    trees_pr_auc = average_precision(selected.validation_encoded.failed, trees) or 0.0
-    used = trees_pr_auc > selected.pr_auc
-    log.info(
-        "teacher: trees' validation PR-AUC %.4f against the LM's %.4f: the refit %s",
-        trees_pr_auc,
-        selected.pr_auc,
-        "learns from the trees" if used else "learns the labels alone",
-    )
-    return {
-        "used": used,
-        "when": "trees_lead",
-        "trees_validation_pr_auc": round(trees_pr_auc, 4),
-        "lm_validation_pr_auc": round(selected.pr_auc, 4),
-    }
-
-
 def _finish(
     selected: _Selected,
     train_windows: Sequence[LabeledWindow],
@@ -929,8 +886,7 @@ def _finish(
     threshold = calibration.probability(raw_threshold)
     refit: dict[str, Any] = {}
     if settings.refit:
-        teacher = teacher_decision(selected, train_windows, validation_windows, progress)
-        if teacher["used"]:
+        if settings.teacher_weight > 0:
             # Out of fold over every window the refit learns: the selection run's teacher never saw validation.
             progress.stage("fitting the teacher on training + validation windows")
             everything = teacher_risks(
@@ -951,7 +907,6 @@ def _finish(
             "selected_steps": [fit.step for fit in fits],
             "seconds": round(sum(fit.seconds for fit in refits), 1),
             "histories": [fit.history for fit in refits],
-            **({"teacher": teacher} if settings.teacher_weight > 0 else {}),
         }
         # The threshold and calibration map stay the selected model's, chosen out of sample. Fitting the map again on
         # the refit model's own validation risks (in sample: it learned those windows) lowered test ECE on C-MAPSS,
