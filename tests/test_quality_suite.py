@@ -92,8 +92,11 @@ def test_the_json_holds_every_per_seed_figure(smoke: tuple[Path, str]) -> None:
             "false_alarms_per_machine_week",
             "brier",
             "ece",
+            "validation_pr_auc",
         ):
             assert key in m, (name, key)
+        # every scorer's validation PR-AUC, so the suite shows how each ranks there against test
+        assert 0.0 < m["validation_pr_auc"] <= 1.0
         assert 0.0 <= m["pr_auc"] <= 1.0
         assert 0.0 <= m["precision"] <= 1.0 and 0.0 <= m["recall"] <= 1.0
         assert m["false_alarms_per_machine_week"] >= 0.0
