@@ -332,8 +332,9 @@ def run_baselines(prepared: Prepared, settings: TrainSettings, seed: int) -> dic
         baseline.fit(windows, failed)
         minutes = (time.monotonic() - started) / 60
         on_validation = score_windows(baseline, prepared.validation)
-        threshold = best_f1_threshold([w.failed for w in on_validation], [w.score for w in on_validation])
-        validation_pr_auc = average_precision([w.failed for w in on_validation], [w.score for w in on_validation])
+        failed_val, scores_val = [w.failed for w in on_validation], [w.score for w in on_validation]
+        threshold = best_f1_threshold(failed_val, scores_val)
+        validation_pr_auc = average_precision(failed_val, scores_val)
         metrics = window_metrics(score_windows(baseline, prepared.test), threshold, settings.every_h)
         out[baseline.name] = _metrics_record(metrics, minutes, validation_pr_auc=validation_pr_auc)
     return out
