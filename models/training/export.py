@@ -330,7 +330,7 @@ def _gpt2_member(g: _GraphBuilder, model: nn.Module, output: str) -> str:
     return g.op("MatMul", [last, g.weight("head.w", head.T)], output)  # (B, V)
 
 
-def quantize_int8(fp32_path: Path, int8_path: Path) -> None:
+def quantize_int8(fp32_path: Path, int8_path: Path, *, full_range: bool = False) -> None:
     """Dynamic int8: matrix weights (and the fused attention's qkv) stored as int8, activations quantized on the fly.
 
     Left in fp32, on purpose: the embedding tables (a lookup costs nothing, and GPT-2 ties the token table to the
@@ -342,7 +342,8 @@ def quantize_int8(fp32_path: Path, int8_path: Path) -> None:
     instruction that adds pairs of products into 16 bits and saturates. With full 8-bit weights that moved the tiny
     test model's logits by up to 0.75 (calibrated risks by 0.12) on such a CPU, while the parity gate, run where the
     model was exported, may have had VNNI and passed. With 7 bits a pair of products cannot overflow: the same model
-    moved by 0.06 on that CPU, which is what 8 bits give where nothing saturates.
+    moved by 0.06 on that CPU, which is what 8 bits give where nothing saturates. ``full_range`` quantizes to 8 bits
+    as before, for bench/int8_error.py to compare on the CPU at hand.
     """
     graph = onnx.load(str(fp32_path), load_external_data=False).graph
     head = [  # the output head, or each ensemble member's (named <prefix>.last_logits)
@@ -357,7 +358,7 @@ def quantize_int8(fp32_path: Path, int8_path: Path) -> None:
         nodes_to_exclude=head,
         per_channel=True,
         weight_type=QuantType.QInt8,
-        reduce_range=True,
+        reduce_range=not full_range,
         # ONNX shape inference cannot type the outputs of ONNX Runtime's own ops (com.microsoft): they are float.
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
