@@ -36,7 +36,6 @@ from models.training.train import (
     TrainResult,
     TrainSettings,
     auxiliary_targets,
-    hide_history,
     hide_readings,
     outcome_nll,
     sequence_loss,
@@ -491,34 +490,6 @@ def test_token_dropout_hides_only_sensor_readings(tiny_fleet: dict[str, Path]) -
                 assert missing[a] == b  # a reading became that sensor's "missing" token, nothing else changed
     readings = sum(int((missing[np.asarray(s)] >= 0).sum()) for s in encoded.ids)
     assert 0.3 * readings < changed < 0.7 * readings
-    assert hidden.targets is encoded.targets
-
-
-def test_context_dropout_hides_only_the_machines_history(tiny_fleet: dict[str, Path]) -> None:
-    fleet = Fleet.load(tiny_fleet["telemetry"], tiny_fleet["events"], tiny_fleet["machines"])
-    windows = build_windows(fleet, WindowSpec(window_h=12, horizon_h=12))
-    tokenizer = TelemetryTokenizer(TrainSettings(**TINY).tokenizer)
-    tokenizer.fit([w.window for w in windows], outcomes=[w.outcome for w in windows])
-    encoded = EncodedWindows.of(tokenizer, windows, values=True)
-    history = tokenizer.history_ids()
-    named = {t for t, h in zip(tokenizer.vocabulary_tokens(), history, strict=True) if h}
-    assert any(t.startswith("maint:") for t in named) and any(t.startswith("lastfail") for t in named)
-    assert not any(t.startswith(("tod:", "<", "ev:")) or ":mean" in t for t in named)  # readings, events, markers
-    rng = np.random.default_rng(0)
-    assert hide_history(encoded, history, tokenizer.unk_id, 0.0, rng) is encoded
-    hidden = hide_history(encoded, history, tokenizer.unk_id, 0.5, rng)
-    assert hidden.values is not None and encoded.values is not None
-    changed = 0
-    for before, after, vb, va in zip(encoded.ids, hidden.ids, encoded.values, hidden.values, strict=True):
-        assert len(before) == len(after)
-        for j, (a, b) in enumerate(zip(before, after, strict=True)):
-            if a != b:
-                changed += 1
-                assert history[a] and b == tokenizer.unk_id and va[j] == 0.0
-            else:
-                assert va[j] == vb[j]
-    told = sum(int(history[np.asarray(s)].sum()) for s in encoded.ids)
-    assert told > 0 and 0.3 * told < changed < 0.7 * told
     assert hidden.targets is encoded.targets
 
 

@@ -664,22 +664,6 @@ class TelemetryTokenizer:
             out[table[:, :-1]] = table[:, -1:]
         return out
 
-    def history_ids(self) -> np.ndarray:
-        """For each token id, whether it tells the machine's past rather than its readings: its attributes, each
-        part's hours since maintenance, the hours since the last failure and the recent error codes of the head.
-
-        Training hides some of them (context dropout), so the model cannot lean on a machine's history alone.
-        """
-        history = {t for a in self.state.attributes for t in a.vocabulary()}
-        out = np.zeros(self.vocab_size, dtype=bool)
-        for token, i in self._vocab.items():
-            out[i] = token in history or token.startswith(("maint:", "lastfail", "err:"))
-        return out
-
-    @property
-    def unk_id(self) -> int:
-        return self._vocab[UNK]
-
     def sensor_token_ids(self) -> dict[str, np.ndarray]:
         """Statistic key (``mean``, ``wstd``, ...) -> ``(S, bins + 1)`` token ids, sensors in :attr:`sensors` order,
         bins low to high; the last column is the "missing" token."""

@@ -153,11 +153,6 @@ class TrainSettings(BaseModel):
     # gradient boosting there (0.557, 0.530, 0.515, 0.531 against 0.543), and per-kind risks are then untrained.
     kind_loss_weight: Annotated[float, Field(ge=0)] = 1.0
     token_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
-    # The share of the machine's history tokens (attributes, part ages, last failure, recent errors) hidden as <unk>
-    # in training (hide_history). token_dropout hides readings only, which leaves the model to lean on the history:
-    # on the slow fleet the LM's risk followed part ages and error codes more than the trees' did, and the trees'
-    # followed the vibration readings more, which is what held in the test period.
-    context_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
     # Gradient boosting's out-of-fold risk of each training window as a soft target beside the hard label, with this
     # weight (models.training.teacher): the trees turn a fleet's few failures into a graded risk per window. Off by
     # default: over the quality suite at 1.0 (three seeds) it raised the slow (+0.025) and daily (+0.016) fleets, where
@@ -329,24 +324,6 @@ def hide_readings(
         swap = missing_ids[seq]  # (L,) -1 where the token is not a sensor reading
         hit = (swap >= 0) & (rng.random(len(seq)) < rate)
         hidden.append(np.where(hit, swap, seq).tolist())
-        if batch.values is not None:
-            hidden_values.append(np.where(hit, np.float32(0.0), batch.values[i]))
-    values = hidden_values if batch.values is not None else None
-    return replace(batch, ids=hidden, values=values)
-
-
-def hide_history(
-    batch: EncodedWindows, history: np.ndarray, unknown_id: int, rate: float, rng: np.random.Generator
-) -> EncodedWindows:
-    """A copy of the batch with each token of the machine's history (``history[id]``: its attributes, part ages, last
-    failure, recent errors) replaced by ``<unk>`` with probability ``rate`` (and its value, if any, by 0)."""
-    if rate <= 0:
-        return batch
-    hidden, hidden_values = [], []
-    for i, ids in enumerate(batch.ids):
-        seq = np.asarray(ids)
-        hit = history[seq] & (rng.random(len(seq)) < rate)
-        hidden.append(np.where(hit, unknown_id, seq).tolist())
         if batch.values is not None:
             hidden_values.append(np.where(hit, np.float32(0.0), batch.values[i]))
     values = hidden_values if batch.values is not None else None
@@ -541,9 +518,6 @@ def fit_model(
     # An exponential moving average of the weights: smoother than the last step's, which overfit small fleets.
     averaged = AveragedModel(model, avg_fn=_ema(settings.ema_decay)) if settings.ema_decay > 0 else None
     missing_ids = tokenizer.missing_ids()
-    history_ids = tokenizer.history_ids()
-    # Its own stream, so that the readings hidden and the batches drawn are the same whatever context_dropout is.
-    history_rng = np.random.default_rng([settings.seed, 1])
     started = time.monotonic()
     deadline = started + settings.max_minutes * 60
     # Every validated step that may still be chosen: one within step_tolerance of the best so far (the best only rises).
@@ -562,7 +536,6 @@ def fit_model(
         rows = order[cursor : cursor + settings.batch_size]
         cursor += settings.batch_size
         batch = hide_readings(train.subset(rows), missing_ids, settings.token_dropout, rng)
-        batch = hide_history(batch, history_ids, tokenizer.unk_id, settings.context_dropout, history_rng)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step)
         losses = sequence_loss(
