@@ -40,7 +40,7 @@ import time
 import traceback
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -508,6 +508,12 @@ def selected(args: argparse.Namespace) -> list[Dataset]:
     if unknown:
         raise SystemExit(f"error: unknown dataset(s) {unknown}; known: {', '.join(by_name)}")
     chosen = [by_name[n] for n in names]
+    if args.fleet_seed is not None:
+        # Another draw of the same simulated profiles: is a gap the profile's, or the one fleet's?
+        chosen = [
+            replace(d, simulated=replace(d.simulated, seed=args.fleet_seed)) if d.simulated is not None else d
+            for d in chosen
+        ]
     for d in chosen:
         if d.simulated is None and not (args.datasets / d.name).is_dir():
             raise SystemExit(f"error: dataset folder {args.datasets / d.name} does not exist (see --datasets)")
@@ -682,6 +688,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="append",
         metavar="KEY=VALUE",
         help="a training setting for every dataset (e.g. regimes=off), to try a setting across the whole suite",
+    )
+    parser.add_argument(
+        "--fleet-seed",
+        type=int,
+        default=None,
+        help="simulate the simulated fleets from this seed instead of their own (1): another fleet of the same profile",
     )
     parser.add_argument("--quick", action="store_true", help=f"one seed, {', '.join(QUICK)}, capped steps")
     parser.add_argument("--smoke", action="store_true", help="one tiny simulated fleet, a few steps (for the tests)")

@@ -169,3 +169,14 @@ def test_every_dataset_folder_has_its_row_of_facts() -> None:
     profiles = {d.simulated.profile for d in suite.DATASETS if d.simulated is not None}
     assert profiles == {"slow-degradation", "error-codes", "server-metrics", "daily"}
     assert set(suite.QUICK) <= names
+
+
+def test_a_fleet_seed_draws_other_simulated_fleets_and_leaves_the_real_data_alone() -> None:
+    suite = _suite()
+    names = "cmapss_fd001,sim_daily,sim_slow_degradation"
+    own = {d.name: d for d in suite.selected(suite.parse_args(["--only", names]))}
+    other = {d.name: d for d in suite.selected(suite.parse_args(["--only", names, "--fleet-seed", "7"]))}
+    assert own["sim_daily"].simulated.seed == 1 and other["sim_daily"].simulated.seed == 7
+    assert other["sim_slow_degradation"].facts()["fleet"]["seed"] == 7
+    assert other["sim_slow_degradation"].simulated.fields == own["sim_slow_degradation"].simulated.fields
+    assert other["cmapss_fd001"] == own["cmapss_fd001"]
