@@ -154,11 +154,13 @@ class TrainSettings(BaseModel):
     kind_loss_weight: Annotated[float, Field(ge=0)] = 1.0
     token_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1
     # Gradient boosting's out-of-fold risk of each training window as a soft target beside the hard label, with this
-    # weight (models.training.teacher): the trees turn a fleet's few failures into a graded risk per window. Off by
-    # default: over the quality suite at 1.0 (three seeds) it raised the slow (+0.025) and daily (+0.016) fleets, where
-    # the trees lead, and lowered the error-code fleet (-0.013) and FD004 (-0.008, below the trees); +0.004 on the mean
-    # of eight (BENCHMARKS.md, "The trees as a teacher").
-    teacher_weight: Annotated[float, Field(ge=0)] = 0.0
+    # weight (models.training.teacher): the trees turn a fleet's few failures into a graded risk per window. 1.0 by
+    # default since 2026-12-06. Over the whole quality suite (three seeds, 2026-12-04) it raised the slow (+0.025) and
+    # daily (+0.016) fleets and lowered the error-code fleet (-0.013) and FD004 (-0.008), +0.004 on the mean of eight;
+    # on two more draws of each of those three simulated profiles (--fleet-seed 2 and 3, three seeds each) it raised
+    # all six, +0.009 to +0.072: better on 8 of 9 fleet draws, +0.028 on average (BENCHMARKS.md, "Other draws of the
+    # simulated fleets"). Training only: the edge runs the LM alone. 0 turns it off.
+    teacher_weight: Annotated[float, Field(ge=0)] = 1.0
     # Bin tokens start on a line through embedding space, in order (models.training.model.init_ordinal_embeddings). Off
     # by default: on the simulator's fleet it reached its best validation step sooner but lower (0.566 against 0.591).
     ordinal_init: bool = False
@@ -689,8 +691,12 @@ def refit_on_everything(
     architecture: ModelConfig | None,
     budget_s: float,
     progress: Progress = NO_PROGRESS,
+    teacher_of: Callable[[int], np.ndarray] | None = None,
 ) -> list[FitResult]:
     """Each selected model trained again from its own seed on training + validation windows, with nothing chosen.
+
+    ``teacher_of(seed)``, when given, is the teacher's risk of every window (training then validation) for a member
+    whose seed is not ``settings.seed``; that one's are the windows' own.
 
     Its chosen step scaled by how many more windows the refit sees keeps the epochs about the same (the step was
     chosen for that much learning, not for that many updates); its own warm-up and cosine schedule run over those
@@ -714,7 +720,10 @@ def refit_on_everything(
         member_name = f" member {member + 1} of {len(fits)}" if len(fits) > 1 else ""
         progress.stage(f"refitting{member_name} on training + validation (steps)", total=steps)
         model = fresh_model(tokenizer, member_settings, architecture)
-        refits.append(fit_model(model, tokenizer, everything, None, member_settings, progress))
+        learned = everything
+        if teacher_of is not None and fit.seed != settings.seed:
+            learned = replace(everything, teacher=teacher_of(fit.seed))
+        refits.append(fit_model(model, tokenizer, learned, None, member_settings, progress))
         log.info("refit of seed %d: %d steps on %d windows", fit.seed, refits[-1].step, len(everything.ids))
     return refits
 
@@ -814,7 +823,16 @@ def _select(
         member_name = f" member {member + 1} of {settings.members}" if settings.members > 1 else ""
         progress.stage(f"training{member_name} (steps)", total=settings.max_steps)
         model = fresh_model(tokenizer, member_settings, architecture)
-        fits.append(fit_model(model, tokenizer, train_encoded, validation_encoded, member_settings, progress))
+        member_train = train_encoded
+        if member and settings.teacher_weight > 0:
+            # The teacher's folds and trees come from the seed too, so that one member is exactly a plain run.
+            member_train = replace(
+                train_encoded,
+                teacher=teacher_risks(
+                    train_windows, tokenizer.settings.model_dump(mode="json"), seed=member_settings.seed
+                ),
+            )
+        fits.append(fit_model(model, tokenizer, member_train, validation_encoded, member_settings, progress))
         if settings.members > 1:
             log.info("member %d of %d: step %d, %s", member + 1, settings.members, fits[-1].step, fits[-1].validation)
     progress.stage("choosing the alert threshold, saving the checkpoint")
@@ -886,16 +904,29 @@ def _finish(
     threshold = calibration.probability(raw_threshold)
     refit: dict[str, Any] = {}
     if settings.refit:
+        teacher_of: Callable[[int], np.ndarray] | None = None
         if settings.teacher_weight > 0:
             # Out of fold over every window the refit learns: the selection run's teacher never saw validation.
             progress.stage("fitting the teacher on training + validation windows")
-            everything = teacher_risks(
-                [*train_windows, *validation_windows], tokenizer.settings.model_dump(mode="json"), seed=settings.seed
-            )
+            everything_windows = [*train_windows, *validation_windows]
+            teacher_settings = tokenizer.settings.model_dump(mode="json")
+
+            def teacher_of(seed: int) -> np.ndarray:
+                return teacher_risks(everything_windows, teacher_settings, seed=seed)
+
+            everything = teacher_of(settings.seed)
             train_encoded = replace(train_encoded, teacher=everything[: len(train_windows)])
             validation_encoded = replace(validation_encoded, teacher=everything[len(train_windows) :])
         refits = refit_on_everything(
-            fits, tokenizer, train_encoded, validation_encoded, settings, architecture, budget_s, progress
+            fits,
+            tokenizer,
+            train_encoded,
+            validation_encoded,
+            settings,
+            architecture,
+            budget_s,
+            progress,
+            teacher_of=teacher_of,
         )
         model = refits[0].model if len(refits) == 1 else EnsembleLM([fit.model for fit in refits]).eval()
         refit_scores = validation_scores(model, tokenizer, validation_encoded)  # type: ignore[arg-type]
