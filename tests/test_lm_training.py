@@ -225,9 +225,11 @@ def test_a_search_refits_only_the_candidate_it_keeps(
     refitted: list[TrainSettings] = []
     real = training.refit_on_everything
 
-    def counted(fits: Any, tokenizer: Any, train: Any, validation: Any, settings: TrainSettings, *a: Any) -> Any:
+    def counted(
+        fits: Any, tokenizer: Any, train: Any, validation: Any, settings: TrainSettings, *a: Any, **kw: Any
+    ) -> Any:
         refitted.append(settings)
-        return real(fits, tokenizer, train, validation, settings, *a)
+        return real(fits, tokenizer, train, validation, settings, *a, **kw)
 
     monkeypatch.setattr(training, "refit_on_everything", counted)
     out = tmp_path / "searched"
