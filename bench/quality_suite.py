@@ -18,8 +18,14 @@ Datasets run in parallel, one worker process each, as many at once as the machin
 training uses ``--threads`` torch threads, one by default), the longest first.
 
 Prints one markdown table (per dataset and scorer: PR-AUC, Brier and ECE mean and min-max over seeds, F1, median
-lead time, false alarms per machine-week, training minutes) and writes it to ``OUT/quality.md``, with every per-seed
-figure in ``OUT/quality.json``. The metrics are :mod:`models.training.evaluate`'s, each scorer at its validation-chosen
+lead time, false alarms per machine-week, training minutes; then per scorer the mean over the datasets) and a line
+setting the LM against gradient boosting as issue #17 does (mean PR-AUC, datasets behind, lead time, false alarms),
+and writes them to ``OUT/quality.md``, with every per-seed figure in ``OUT/quality.json``.
+
+One simulated fleet is one draw of its profile (BENCHMARKS.md, "Other draws of the simulated fleets"): between draws
+gradient boosting moved by up to 0.18. ``--fleet-seeds 1,2,3`` runs each simulated profile on three fleets
+(``sim_daily@2`` ...), gives a row per profile over its draws (min-max: of the draws' means), and counts the profile
+once, by that row, in the mean. The metrics are :mod:`models.training.evaluate`'s, each scorer at its validation-chosen
 threshold; Brier and ECE are of the risk each scorer outputs (the LM's through its signed calibration map). An LM's
 training minutes are the whole of it (tokenizing, training, choosing the threshold, export and signing); a baseline's
 are its fit. A dataset or seed that fails is recorded with its error, and the rest still run.
@@ -73,6 +79,7 @@ log = logging.getLogger("quality_suite")
 
 DEFAULT_DATASETS = REPO_ROOT.parent / "shared" / "datasets"
 SCORERS = ("lm", "gradient-boosting", "zscore")
+DRAW_SEPARATOR = "@"  # sim_daily@2: the daily profile's fleet drawn from simulator seed 2 (--fleet-seeds)
 Split = Literal["files", "machines", "time"]
 
 
@@ -380,7 +387,15 @@ def _mean(values: Sequence[float | None]) -> float | None:
 
 
 def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per dataset and scorer: means over seeds, and PR-AUC's min and max."""
+    """One row per dataset and scorer: means over seeds, and PR-AUC's min and max. Then, per scorer, a row per
+    simulated profile drawn more than once (the mean over its draws), and one for the mean over the datasets."""
+    rows = dataset_rows(results)
+    rows += profile_rows(rows)
+    return rows + mean_rows(rows)
+
+
+def dataset_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per dataset and scorer: means over seeds, and PR-AUC's (Brier's, ECE's) min and max."""
     rows: list[dict[str, Any]] = []
     for name, entry in results["datasets"].items():
         runs = [r for r in entry.get("runs", []) if "scorers" in r]
@@ -410,6 +425,106 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+AVERAGED = (
+    "pr_auc_mean",
+    "brier_mean",
+    "ece_mean",
+    "f1_mean",
+    "median_lead_time_h_mean",
+    "false_alarms_per_machine_week_mean",
+    "train_minutes_mean",
+)
+
+
+def _averaged(dataset: str, rows: Sequence[dict[str, Any]], *, spread: bool, aggregate: str) -> dict[str, Any]:
+    """One scorer's rows as one: the mean of each mean; with ``spread``, PR-AUC's (Brier's, ECE's) min and max are
+    those of the rows' means (how far the draws of one profile lie apart)."""
+    out: dict[str, Any] = {
+        "dataset": dataset,
+        "scorer": rows[0]["scorer"],
+        "seeds": sum(r["seeds"] for r in rows),
+        "aggregate": aggregate,
+        "over": [r["dataset"] for r in rows],
+    }
+    for key in AVERAGED:
+        out[key] = _mean([r.get(key) for r in rows])
+    for metric in ("pr_auc", "brier", "ece"):
+        means = [r[f"{metric}_mean"] for r in rows if r.get(f"{metric}_mean") is not None]
+        out[f"{metric}_min"] = min(means) if spread and means else None
+        out[f"{metric}_max"] = max(means) if spread and means else None
+    return out
+
+
+def _profile(dataset: str) -> str:
+    return dataset.split(DRAW_SEPARATOR, 1)[0]
+
+
+def profile_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per scorer, a row per simulated profile with several draws in ``rows``: one draw is one fleet's luck as much as
+    the profile's (BENCHMARKS.md, "Other draws of the simulated fleets")."""
+    drawn: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if "error" not in r and "aggregate" not in r and DRAW_SEPARATOR in r["dataset"]:
+            drawn.setdefault((_profile(r["dataset"]), r["scorer"]), []).append(r)
+    return [
+        _averaged(f"{profile} ({len(group)} draws)", group, spread=True, aggregate="draws")
+        for (profile, _), group in drawn.items()
+        if len(group) > 1
+    ]
+
+
+def _units(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """What the mean is over: each dataset once, a profile drawn several times by its row over the draws; only those
+    every scorer ran on, so that every scorer's mean is over the same datasets."""
+    units: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        if "error" in r or r.get("aggregate") == "mean":
+            continue
+        if DRAW_SEPARATOR in r["dataset"] and r.get("aggregate") != "draws":
+            continue  # counted through its profile's row
+        units.setdefault(r["dataset"], {})[r["scorer"]] = r
+    scorers = {s for unit in units.values() for s in unit}
+    return {name: unit for name, unit in units.items() if set(unit) == scorers}
+
+
+def mean_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per scorer, the mean over the datasets (:func:`_units`), where there are at least two."""
+    units = _units(rows)
+    if len(units) < 2:
+        return []
+    scorers = [s for s in SCORERS if s in next(iter(units.values()))]
+    return [
+        _averaged(f"mean of {len(units)} datasets", [u[s] for u in units.values()], spread=False, aggregate="mean")
+        for s in scorers
+    ]
+
+
+def against(rows: Sequence[dict[str, Any]], scorer: str = "lm", other: str = "gradient-boosting") -> str:
+    """Issue #17's test in one line: the LM against gradient boosting on the mean PR-AUC over the datasets, on every
+    dataset, and on median lead time and false alarms per machine-week."""
+    units = [u for u in _units(rows).values() if scorer in u and other in u]
+    if not units:
+        return ""
+
+    def gap(u: dict[str, dict[str, Any]], key: str) -> float | None:
+        mine, theirs = u[scorer].get(key), u[other].get(key)
+        return None if mine is None or theirs is None else mine - theirs
+
+    pr_auc = [(u[scorer]["dataset"], gap(u, "pr_auc_mean")) for u in units]
+    known = [g for _, g in pr_auc if g is not None]
+    behind = [f"{name} {g:+.3f}" for name, g in pr_auc if g is not None and g < 0]
+    leads = [gap(u, "median_lead_time_h_mean") for u in units]
+    alarms = [gap(u, "false_alarms_per_machine_week_mean") for u in units]
+    mean = f"{float(np.mean(known)):+.3f}" if known else "unknown"
+    return (
+        f"{scorer} against {other} over {len(units)} datasets: mean PR-AUC {mean}; level or ahead on "
+        f"{len(known) - len(behind)} of {len(known)}"
+        + (f" (behind: {', '.join(behind)})" if behind else "")
+        + f"; median lead time no shorter on {sum(g is not None and g >= 0 for g in leads)}, false alarms per "
+        f"machine-week no higher on {sum(g is not None and g <= 0 for g in alarms)}"
+    )
 
 
 COLUMNS = (
@@ -499,6 +614,21 @@ def _setting(value: str) -> tuple[str, Any]:
         return key.strip(), raw
 
 
+def draws(dataset: Dataset, fleet_seeds: Sequence[int]) -> list[Dataset]:
+    """A simulated dataset drawn from each of ``fleet_seeds``: the same profile, size and split, other machines and
+    failures. One seed keeps the dataset's name; several name each draw ``NAME@SEED``, and the table gives the profile
+    a row over its draws. A real dataset is itself, once."""
+    if dataset.simulated is None:
+        return [dataset]
+    simulated = dataset.simulated
+    if len(fleet_seeds) == 1:
+        return [replace(dataset, simulated=replace(simulated, seed=fleet_seeds[0]))]
+    return [
+        replace(dataset, name=f"{dataset.name}{DRAW_SEPARATOR}{seed}", simulated=replace(simulated, seed=seed))
+        for seed in fleet_seeds
+    ]
+
+
 def selected(args: argparse.Namespace) -> list[Dataset]:
     if args.smoke:
         return [SMOKE]
@@ -508,12 +638,8 @@ def selected(args: argparse.Namespace) -> list[Dataset]:
     if unknown:
         raise SystemExit(f"error: unknown dataset(s) {unknown}; known: {', '.join(by_name)}")
     chosen = [by_name[n] for n in names]
-    if args.fleet_seed is not None:
-        # Another draw of the same simulated profiles: is a gap the profile's, or the one fleet's?
-        chosen = [
-            replace(d, simulated=replace(d.simulated, seed=args.fleet_seed)) if d.simulated is not None else d
-            for d in chosen
-        ]
+    if args.fleet_seeds is not None:
+        chosen = [draw for d in chosen for draw in draws(d, args.fleet_seeds)]
     for d in chosen:
         if d.simulated is None and not (args.datasets / d.name).is_dir():
             raise SystemExit(f"error: dataset folder {args.datasets / d.name} does not exist (see --datasets)")
@@ -656,9 +782,9 @@ def _seeds(value: str) -> list[int]:
     try:
         seeds = [int(s) for s in value.split(",") if s.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--seeds {value!r}: expected comma-separated integers") from None
+        raise argparse.ArgumentTypeError(f"{value!r}: expected comma-separated integers") from None
     if not seeds or len(set(seeds)) != len(seeds):
-        raise argparse.ArgumentTypeError(f"--seeds {value!r}: expected distinct integers, at least one")
+        raise argparse.ArgumentTypeError(f"{value!r}: expected distinct integers, at least one")
     return seeds
 
 
@@ -690,10 +816,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="a training setting for every dataset (e.g. regimes=off), to try a setting across the whole suite",
     )
     parser.add_argument(
+        "--fleet-seeds",
         "--fleet-seed",
-        type=int,
+        dest="fleet_seeds",
+        type=_seeds,
         default=None,
-        help="simulate the simulated fleets from this seed instead of their own (1): another fleet of the same profile",
+        help="simulate the simulated fleets from these seeds instead of their own (1): other fleets of the same "
+        "profiles; several (e.g. 1,2,3) give a row per draw and a row per profile over its draws",
     )
     parser.add_argument("--quick", action="store_true", help=f"one seed, {', '.join(QUICK)}, capped steps")
     parser.add_argument("--smoke", action="store_true", help="one tiny simulated fleet, a few steps (for the tests)")
@@ -727,6 +856,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     _log_to_stderr()
     results = run(args)
     table = markdown(results["summary"])
+    verdict = against(results["summary"])
+    if verdict:
+        table += f"\n\n{verdict}"
     (args.out / "quality.md").write_text(
         f"{table}\n\n`{results['command']}` ({results['started']}, {results['machine']['cpus']} CPUs, "
         f"{results['minutes']} min)\n",

@@ -180,3 +180,81 @@ def test_a_fleet_seed_draws_other_simulated_fleets_and_leaves_the_real_data_alon
     assert other["sim_slow_degradation"].facts()["fleet"]["seed"] == 7
     assert other["sim_slow_degradation"].simulated.fields == own["sim_slow_degradation"].simulated.fields
     assert other["cmapss_fd001"] == own["cmapss_fd001"]
+
+
+def test_several_fleet_seeds_draw_each_simulated_profile_once_per_seed() -> None:
+    suite = _suite()
+    chosen = suite.selected(suite.parse_args(["--only", "cmapss_fd001,sim_daily", "--fleet-seeds", "2,3"]))
+    assert [d.name for d in chosen] == ["cmapss_fd001", "sim_daily@2", "sim_daily@3"]
+    assert [d.simulated.seed for d in chosen[1:]] == [2, 3]
+    assert chosen[0] == suite.selected(suite.parse_args(["--only", "cmapss_fd001"]))[0]
+    with pytest.raises(SystemExit):
+        suite.parse_args(["--fleet-seeds", "2,2"])  # a draw twice would count one fleet's luck twice
+
+
+def _seed_figures(pr_auc: float, lead: float = 10.0, alarms: float = 1.0) -> dict[str, float]:
+    return {
+        "pr_auc": pr_auc,
+        "brier": 0.1,
+        "ece": 0.02,
+        "f1": pr_auc / 2,
+        "median_lead_time_h": lead,
+        "false_alarms_per_machine_week": alarms,
+        "train_minutes": 1.0,
+    }
+
+
+def _results(datasets: dict[str, list[dict[str, dict[str, float]]] | str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name, runs in datasets.items():
+        if isinstance(runs, str):
+            out[name] = {"runs": [], "error": runs}
+        else:
+            out[name] = {"runs": [{"seed": i, "scorers": scorers} for i, scorers in enumerate(runs)]}
+    return {"datasets": out}
+
+
+def test_the_table_averages_a_profile_over_its_draws_and_every_scorer_over_the_datasets() -> None:
+    suite = _suite()
+    results = _results(
+        {
+            "cmapss_fd001": [
+                {"lm": _seed_figures(0.90), "gradient-boosting": _seed_figures(0.80)},
+                {"lm": _seed_figures(0.94), "gradient-boosting": _seed_figures(0.80)},
+            ],
+            "sim_daily@2": [{"lm": _seed_figures(0.40, lead=5.0), "gradient-boosting": _seed_figures(0.50)}],
+            "sim_daily@3": [{"lm": _seed_figures(0.50, alarms=0.5), "gradient-boosting": _seed_figures(0.54)}],
+            "sim_slow_degradation": "RuntimeError: the simulator failed",
+        }
+    )
+    rows = suite.summarize(results)
+    by = {(r["dataset"], r.get("scorer")): r for r in rows}
+
+    daily = by[("sim_daily (2 draws)", "lm")]
+    assert daily["pr_auc_mean"] == pytest.approx(0.45)
+    assert (daily["pr_auc_min"], daily["pr_auc_max"]) == (pytest.approx(0.40), pytest.approx(0.50))
+    assert daily["over"] == ["sim_daily@2", "sim_daily@3"] and daily["seeds"] == 2
+
+    # each dataset counts once (the daily profile through its draws' mean); the failed one not at all
+    mean = by[("mean of 2 datasets", "lm")]
+    assert mean["pr_auc_mean"] == pytest.approx((0.92 + 0.45) / 2)
+    assert mean["pr_auc_min"] is None
+    assert by[("mean of 2 datasets", "gradient-boosting")]["pr_auc_mean"] == pytest.approx((0.80 + 0.52) / 2)
+
+    verdict = suite.against(rows)
+    assert "over 2 datasets: mean PR-AUC +0.025" in verdict
+    assert "level or ahead on 1 of 2 (behind: sim_daily (2 draws) -0.070)" in verdict
+    # daily: lead 7.5 h against 10, false alarms 0.75 against 1.0
+    assert "median lead time no shorter on 1, false alarms per machine-week no higher on 2" in verdict
+
+    table = suite.markdown(rows)
+    assert "| sim_daily (2 draws) | lm | 0.450 | 0.400-0.500 |" in table
+    assert "| mean of 2 datasets | lm | 0.685 | - |" in table
+    assert "| sim_slow_degradation | error |" in table
+
+
+def test_one_dataset_has_no_mean_row_and_no_verdict_without_both_scorers() -> None:
+    suite = _suite()
+    rows = suite.summarize(_results({"cmapss_fd001": [{"lm": _seed_figures(0.9)}]}))
+    assert [r["dataset"] for r in rows] == ["cmapss_fd001"]
+    assert suite.against(rows) == ""
