@@ -25,10 +25,12 @@ and writes them to ``OUT/quality.md``, with every per-seed figure in ``OUT/quali
 One simulated fleet is one draw of its profile (BENCHMARKS.md, "Other draws of the simulated fleets"): between draws
 gradient boosting moved by up to 0.18. ``--fleet-seeds 1,2,3`` runs each simulated profile on three fleets
 (``sim_daily@2`` ...), gives a row per profile over its draws (min-max: of the draws' means), and counts the profile
-once, by that row, in the mean. The metrics are :mod:`models.training.evaluate`'s, each scorer at its validation-chosen
-threshold; Brier and ECE are of the risk each scorer outputs (the LM's through its signed calibration map). An LM's
-training minutes are the whole of it (tokenizing, training, choosing the threshold, export and signing); a baseline's
-are its fit. A dataset or seed that fails is recorded with its error, and the rest still run.
+once, by that row, in the mean. ``--table-from`` prints the table of finished runs together, training nothing.
+
+The metrics are :mod:`models.training.evaluate`'s, each scorer at its validation-chosen threshold; Brier and ECE are
+of the risk each scorer outputs (the LM's through its signed calibration map). An LM's training minutes are the whole
+of it (tokenizing, training, choosing the threshold, export and signing); a baseline's are its fit. A dataset or seed
+that fails is recorded with its error, and the rest still run.
 """
 
 from __future__ import annotations
@@ -827,6 +829,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help=f"one seed, {', '.join(QUICK)}, capped steps")
     parser.add_argument("--smoke", action="store_true", help="one tiny simulated fleet, a few steps (for the tests)")
     parser.add_argument("--keep-artifacts", action="store_true", help="keep each run's signed artifact and fleet")
+    parser.add_argument(
+        "--table-from",
+        type=Path,
+        nargs="+",
+        metavar="QUALITY_JSON",
+        help="train nothing: the table of these runs' quality.json, their datasets together (e.g. the whole suite and "
+        "a run of other draws)",
+    )
     args = parser.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: at least 1")
@@ -851,14 +861,39 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def merged(paths: Sequence[Path]) -> dict[str, Any]:
+    """Several runs' ``quality.json`` as one: their datasets side by side, in the order given. A dataset in two of them
+    is an error, not a silent choice of one."""
+    datasets: dict[str, Any] = {}
+    commands = []
+    for path in paths:
+        run_results = json.loads(path.read_text(encoding="utf-8"))
+        commands.append(run_results.get("command", str(path)))
+        for name, entry in run_results["datasets"].items():
+            if name in datasets:
+                raise SystemExit(f"error: {name} is in more than one of {', '.join(map(str, paths))}")
+            datasets[name] = entry
+    results: dict[str, Any] = {"commands": commands, "datasets": datasets}
+    results["summary"] = summarize(results)
+    return results
+
+
+def table_of(rows: Sequence[dict[str, Any]]) -> str:
+    table = markdown(rows)
+    verdict = against(rows)
+    return f"{table}\n\n{verdict}" if verdict else table
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.table_from:
+        results = merged(args.table_from)
+        print(table_of(results["summary"]))
+        print("\nfrom: " + "; ".join(f"`{c}`" for c in results["commands"]))
+        return results
     _log_to_stderr()
     results = run(args)
-    table = markdown(results["summary"])
-    verdict = against(results["summary"])
-    if verdict:
-        table += f"\n\n{verdict}"
+    table = table_of(results["summary"])
     (args.out / "quality.md").write_text(
         f"{table}\n\n`{results['command']}` ({results['started']}, {results['machine']['cpus']} CPUs, "
         f"{results['minutes']} min)\n",
