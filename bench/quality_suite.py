@@ -465,14 +465,16 @@ def _profile(dataset: str) -> str:
 
 def profile_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per scorer, a row per simulated profile with several draws in ``rows``: one draw is one fleet's luck as much as
-    the profile's (BENCHMARKS.md, "Other draws of the simulated fleets")."""
-    drawn: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    the profile's (BENCHMARKS.md, "Other draws of the simulated fleets"). A profile's own fleet under its plain name
+    (a whole-suite run beside a run of other draws, ``--table-from``) is one of its draws."""
+    drawn = {_profile(r["dataset"]) for r in rows if DRAW_SEPARATOR in r["dataset"]}
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
-        if "error" not in r and "aggregate" not in r and DRAW_SEPARATOR in r["dataset"]:
-            drawn.setdefault((_profile(r["dataset"]), r["scorer"]), []).append(r)
+        if "error" not in r and "aggregate" not in r and _profile(r["dataset"]) in drawn:
+            groups.setdefault((_profile(r["dataset"]), r["scorer"]), []).append(r)
     return [
-        _averaged(f"{profile} ({len(group)} draws)", group, spread=True, aggregate="draws")
-        for (profile, _), group in drawn.items()
+        {**_averaged(f"{profile} ({len(group)} draws)", group, spread=True, aggregate="draws"), "profile": profile}
+        for (profile, _), group in groups.items()
         if len(group) > 1
     ]
 
@@ -480,11 +482,12 @@ def profile_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def _units(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     """What the mean is over: each dataset once, a profile drawn several times by its row over the draws; only those
     every scorer ran on, so that every scorer's mean is over the same datasets."""
+    averaged = {r["profile"] for r in rows if r.get("aggregate") == "draws"}
     units: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
         if "error" in r or r.get("aggregate") == "mean":
             continue
-        if DRAW_SEPARATOR in r["dataset"] and r.get("aggregate") != "draws":
+        if "aggregate" not in r and _profile(r["dataset"]) in averaged:
             continue  # counted through its profile's row
         units.setdefault(r["dataset"], {})[r["scorer"]] = r
     scorers = {s for unit in units.values() for s in unit}

@@ -264,7 +264,7 @@ def test_the_table_of_finished_runs_puts_their_datasets_together(tmp_path: Path)
     whole = _results(
         {
             "cmapss_fd001": [{"lm": _seed_figures(0.9), "gradient-boosting": _seed_figures(0.8)}],
-            "sim_daily@1": [{"lm": _seed_figures(0.5), "gradient-boosting": _seed_figures(0.6)}],
+            "sim_daily": [{"lm": _seed_figures(0.5), "gradient-boosting": _seed_figures(0.6)}],  # its own draw
         }
     )
     draws = _results({"sim_daily@2": [{"lm": _seed_figures(0.7), "gradient-boosting": _seed_figures(0.4)}]})
