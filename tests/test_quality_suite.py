@@ -260,6 +260,11 @@ def test_one_dataset_has_no_mean_row_and_no_verdict_without_both_scorers() -> No
     assert suite.against(rows) == ""
 
 
+def _table_from(*paths: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, str(SUITE), "--table-from", *map(str, paths)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
 def test_the_table_of_finished_runs_puts_their_datasets_together(tmp_path: Path) -> None:
     whole = _results(
         {
@@ -270,23 +275,11 @@ def test_the_table_of_finished_runs_puts_their_datasets_together(tmp_path: Path)
     draws = _results({"sim_daily@2": [{"lm": _seed_figures(0.7), "gradient-boosting": _seed_figures(0.4)}]})
     for name, results in (("whole", {**whole, "command": "whole"}), ("draws", {**draws, "command": "draws"})):
         (tmp_path / f"{name}.json").write_text(json.dumps(results), encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, str(SUITE), "--table-from", str(tmp_path / "whole.json"), str(tmp_path / "draws.json")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
+    done = _table_from(tmp_path / "whole.json", tmp_path / "draws.json")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| sim_daily (2 draws) | lm | 0.600 | 0.500-0.700 |" in done.stdout
     assert "over 2 datasets: mean PR-AUC +0.100; level or ahead on 2 of 2" in done.stdout
     assert "from: `whole`; `draws`" in done.stdout
 
-    again = subprocess.run(
-        [sys.executable, str(SUITE), "--table-from", str(tmp_path / "whole.json"), str(tmp_path / "whole.json")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
+    again = _table_from(tmp_path / "whole.json", tmp_path / "whole.json")
     assert again.returncode != 0 and "cmapss_fd001 is in more than one" in again.stderr
