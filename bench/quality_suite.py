@@ -349,6 +349,11 @@ def run_baselines(prepared: Prepared, settings: TrainSettings, seed: int) -> dic
     return out
 
 
+def artifact_version(dataset: str, seed: int) -> str:
+    """The signed artifact's version: a draw's ``@`` is not a version's character (``models.edge.registry``)."""
+    return f"quality-{dataset.replace(DRAW_SEPARATOR, '.draw')}-{seed}"
+
+
 def run_lm(prepared: Prepared, settings: TrainSettings, folder: Path) -> dict[str, Any]:
     """Train, export to int8 ONNX and sign; score the test windows through the verified artifact (the edge's path)."""
     from models.edge.runtime import LMScorer
@@ -364,7 +369,7 @@ def run_lm(prepared: Prepared, settings: TrainSettings, folder: Path) -> dict[st
         data={"quality_suite": prepared.dataset.name, **prepared.source},
         signing_key=keys / "precursor.key",
         checkpoint_dir=folder / "checkpoint",
-        version=f"quality-{prepared.dataset.name}-{settings.seed}",
+        version=artifact_version(prepared.dataset.name, settings.seed),
     )
     assert result.artifact_dir is not None
     scorer = LMScorer.load(result.artifact_dir, load_public_keys(keys / "precursor.pub"))

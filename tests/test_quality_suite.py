@@ -6,12 +6,15 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from models.edge.registry import VERSION_PATTERN
 
 REPO = Path(__file__).resolve().parents[1]
 SUITE = REPO / "bench" / "quality_suite.py"
@@ -190,6 +193,8 @@ def test_several_fleet_seeds_draw_each_simulated_profile_once_per_seed() -> None
     assert chosen[0] == suite.selected(suite.parse_args(["--only", "cmapss_fd001"]))[0]
     with pytest.raises(SystemExit):
         suite.parse_args(["--fleet-seeds", "2,2"])  # a draw twice would count one fleet's luck twice
+    for d in chosen:  # a draw's artifact is signed under a version the registry takes
+        assert re.fullmatch(VERSION_PATTERN, suite.artifact_version(d.name, 0)), d.name
 
 
 def _seed_figures(pr_auc: float, lead: float = 10.0, alarms: float = 1.0) -> dict[str, float]:
