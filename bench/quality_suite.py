@@ -26,6 +26,8 @@ One simulated fleet is one draw of its profile (BENCHMARKS.md, "Other draws of t
 gradient boosting moved by up to 0.18. ``--fleet-seeds 1,2,3`` runs each simulated profile on three fleets
 (``sim_daily@2`` ...), gives a row per profile over its draws (min-max: of the draws' means), and counts the profile
 once, by that row, in the mean. ``--table-from`` prints the table of finished runs together, training nothing.
+``--keep-scores`` writes every scorer's risk of every validation and test window (``OUT/scores/DATASET/seed-N.npz``,
+:func:`save_scores`), so an alert rule can be tried on finished runs (``bench/alert_rules.py``).
 
 The metrics are :mod:`models.training.evaluate`'s, each scorer at its validation-chosen threshold; Brier and ECE are
 of the risk each scorer outputs (the LM's through its signed calibration map). An LM's training minutes are the whole
@@ -325,8 +327,11 @@ def _metrics_record(metrics: Metrics, minutes: float, **extra: Any) -> dict[str,
     return {**metrics.model_dump(mode="json"), "train_minutes": round(minutes, 3), **extra}
 
 
-def run_baselines(prepared: Prepared, settings: TrainSettings, seed: int) -> dict[str, dict[str, Any]]:
-    """Gradient boosting and the z-score rule, fitted on the LM's training windows with its tokenizer's scaling."""
+def run_baselines(
+    prepared: Prepared, settings: TrainSettings, seed: int, risks: dict[str, np.ndarray] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Gradient boosting and the z-score rule, fitted on the LM's training windows with its tokenizer's scaling.
+    Given ``risks``, each one's validation and test risks go in it (``validation:NAME``, ``test:NAME``)."""
     from models.edge.baselines import GradientBoostingBaseline, ZScoreRule, baseline_features
 
     windows = [w.window for w in prepared.train]
@@ -344,8 +349,12 @@ def run_baselines(prepared: Prepared, settings: TrainSettings, seed: int) -> dic
         failed_val, scores_val = [w.failed for w in on_validation], [w.score for w in on_validation]
         threshold = best_f1_threshold(failed_val, scores_val)
         validation_pr_auc = average_precision(failed_val, scores_val)
-        metrics = window_metrics(score_windows(baseline, prepared.test), threshold, settings.every_h)
+        on_test = score_windows(baseline, prepared.test)
+        metrics = window_metrics(on_test, threshold, settings.every_h)
         out[baseline.name] = _metrics_record(metrics, minutes, validation_pr_auc=validation_pr_auc)
+        if risks is not None:
+            risks[f"validation:{baseline.name}"] = np.array(scores_val, dtype=np.float64)
+            risks[f"test:{baseline.name}"] = np.array([w.score for w in on_test], dtype=np.float64)
     return out
 
 
@@ -354,8 +363,12 @@ def artifact_version(dataset: str, seed: int) -> str:
     return f"quality-{dataset.replace(DRAW_SEPARATOR, '.draw')}-{seed}"
 
 
-def run_lm(prepared: Prepared, settings: TrainSettings, folder: Path) -> dict[str, Any]:
-    """Train, export to int8 ONNX and sign; score the test windows through the verified artifact (the edge's path)."""
+def run_lm(
+    prepared: Prepared, settings: TrainSettings, folder: Path, risks: dict[str, np.ndarray] | None = None
+) -> dict[str, Any]:
+    """Train, export to int8 ONNX and sign; score the test windows through the verified artifact (the edge's path).
+    Given ``risks``, the LM's go in it: on validation those its threshold was chosen on (before the refit), on test
+    the artifact's."""
     from models.edge.runtime import LMScorer
     from models.edge.signing import generate_keypair, load_public_keys
 
@@ -373,7 +386,11 @@ def run_lm(prepared: Prepared, settings: TrainSettings, folder: Path) -> dict[st
     )
     assert result.artifact_dir is not None
     scorer = LMScorer.load(result.artifact_dir, load_public_keys(keys / "precursor.pub"))
-    metrics = window_metrics(score_windows(scorer, prepared.test), result.meta.threshold, settings.every_h)
+    on_test = score_windows(scorer, prepared.test)
+    metrics = window_metrics(on_test, result.meta.threshold, settings.every_h)
+    if risks is not None and result.validation_risks is not None:
+        risks["validation:lm"] = np.asarray(result.validation_risks, dtype=np.float64)
+        risks["test:lm"] = np.array([w.score for w in on_test], dtype=np.float64)
     return _metrics_record(
         metrics,
         result.seconds / 60,
@@ -677,6 +694,21 @@ def failed_entry(dataset: Dataset, err: BaseException) -> dict[str, Any]:
     return {"facts": dataset.facts(), "runs": [], "error": f"{type(err).__name__}: {err}"}
 
 
+def save_scores(path: Path, prepared: Prepared, risks: dict[str, np.ndarray], every_h: float) -> None:
+    """One seed's risks (``validation:SCORER``, ``test:SCORER``) beside what the metrics need of each window
+    (``SPLIT.machine_id``, ``.end_s``, ``.failed``, ``.hours_to_failure``, NaN for none) and ``every_h``."""
+    columns: dict[str, np.ndarray] = {"every_h": np.array(every_h)}
+    for split, windows in (("validation", prepared.validation), ("test", prepared.test)):
+        columns[f"{split}.machine_id"] = np.array([w.window.machine_id for w in windows], dtype=str)
+        columns[f"{split}.end_s"] = np.array([w.end_s for w in windows], dtype=np.int64)
+        columns[f"{split}.failed"] = np.array([w.failed for w in windows], dtype=bool)
+        columns[f"{split}.hours_to_failure"] = np.array(
+            [np.nan if w.hours_to_failure is None else w.hours_to_failure for w in windows], dtype=np.float64
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, **columns, **risks)
+
+
 def run_dataset(dataset: Dataset, args: argparse.Namespace) -> dict[str, Any]:
     """One dataset: cut its windows once, then every seed's LM and baselines. A seed that fails is recorded with its
     error, and the other seeds still run."""
@@ -699,10 +731,13 @@ def run_dataset(dataset: Dataset, args: argparse.Namespace) -> dict[str, Any]:
     for seed in args.seeds:
         settings = training_settings(dataset, seed, args)
         record: dict[str, Any] = {"seed": seed}
+        risks: dict[str, np.ndarray] | None = {} if args.keep_scores else None
         try:
-            scorers = {"lm": run_lm(prepared, settings, work / f"seed-{seed}")}
-            scorers.update(run_baselines(prepared, settings, seed))
+            scorers = {"lm": run_lm(prepared, settings, work / f"seed-{seed}", risks)}
+            scorers.update(run_baselines(prepared, settings, seed, risks))
             record["scorers"] = scorers
+            if risks is not None:
+                save_scores(args.out / "scores" / dataset.name / f"seed-{seed}.npz", prepared, risks, settings.every_h)
             log.info("%s seed %d: %s", dataset.name, seed, {k: v["pr_auc"] for k, v in scorers.items()})
         except Exception as err:
             log.error("%s seed %d: %s", dataset.name, seed, err)
@@ -837,6 +872,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help=f"one seed, {', '.join(QUICK)}, capped steps")
     parser.add_argument("--smoke", action="store_true", help="one tiny simulated fleet, a few steps (for the tests)")
     parser.add_argument("--keep-artifacts", action="store_true", help="keep each run's signed artifact and fleet")
+    parser.add_argument(
+        "--keep-scores",
+        action="store_true",
+        help="write each scorer's validation and test risks under OUT/scores (for bench/alert_rules.py)",
+    )
     parser.add_argument(
         "--table-from",
         type=Path,

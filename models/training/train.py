@@ -627,6 +627,10 @@ class TrainResult:
     artifact_dir: Path | None
     meta: CheckpointMeta
     seconds: float
+    validation_risks: np.ndarray | None = None
+    """Each validation window's calibrated risk from the model that chose the threshold (before any refit), in the
+    validation windows' order: what ``meta.threshold`` was chosen on, so another alert rule can be tried on the same
+    risks without training again (``bench/quality_suite.py --keep-scores``)."""
 
 
 _ARCHITECTURE = {"n_layer", "n_embd", "n_head", "dropout", "value_channel"}
@@ -735,6 +739,7 @@ class _Fitted(NamedTuple):
     tokenizer: TelemetryTokenizer
     meta: CheckpointMeta
     validation_encoded: EncodedWindows
+    validation_risks: np.ndarray
 
 
 @dataclass
@@ -987,7 +992,7 @@ def _finish(
         calibration=calibration.model_dump(mode="json"),
         metrics={"validation": validation},
     )
-    return _Fitted(result.model, tokenizer, meta, validation_encoded)
+    return _Fitted(result.model, tokenizer, meta, validation_encoded, calibration.probabilities(scores))
 
 
 def train_on_windows(
@@ -1031,7 +1036,7 @@ def train_on_windows(
         selected.append(_select(train_windows, validation_windows, candidate.settings, minutes, progress))
     kept = max(range(len(selected)), key=lambda i: (selected[i].pr_auc, -i))  # a tie keeps the first
     budget_s = settings.max_minutes * 60 - sum(fit.seconds for one in selected for fit in one.fits)
-    model, tokenizer, meta, validation_encoded = _finish(
+    model, tokenizer, meta, validation_encoded, validation_risks = _finish(
         selected[kept], train_windows, validation_windows, data, budget_s, progress
     )
     meta.training["cpu_s"] = round(time.process_time() - cpu_started, 1)  # every candidate's: the flow view's cost
@@ -1051,7 +1056,7 @@ def train_on_windows(
         meta.training.update(settings.model_dump(mode="json", include={"search", "max_minutes"}))
     if signing_key is None:
         save_checkpoint(out, model, tokenizer, meta)
-        return TrainResult(out, None, meta, time.monotonic() - started)
+        return TrainResult(out, None, meta, time.monotonic() - started, validation_risks)
 
     from models.training.export import export_artifact
 
@@ -1067,7 +1072,7 @@ def train_on_windows(
         calibration_values=validation_encoded.values,
         min_agreement=settings.min_int8_agreement,
     )
-    return TrainResult(checkpoint, artifact, meta, time.monotonic() - started)
+    return TrainResult(checkpoint, artifact, meta, time.monotonic() - started, validation_risks)
 
 
 def train(
