@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from models.training.dataset import DatasetError
 from models.training.evaluate import (
     ScoredWindow,
+    alert_threshold,
     average_precision,
     best_f1_threshold,
     evaluate,
@@ -54,6 +55,32 @@ def test_threshold_and_f1_by_hand() -> None:
     assert precision_recall_f1(failed, scores, 0.8) == pytest.approx((1.0, 2 / 3, 0.8))
     assert precision_recall_f1(failed, scores, 0.95) == (0.0, 0.0, 0.0)
     assert best_f1_threshold([False, False], [0.2, 0.3]) > 0.3  # nothing failed: alert on nothing
+
+
+def _f_beta(failed: np.ndarray, scores: np.ndarray, threshold: float, beta: float) -> float:
+    alert = scores >= threshold
+    tp = float((alert & failed).sum())
+    precision, recall = tp / max(alert.sum(), 1), tp / failed.sum()
+    b2 = beta * beta
+    return (1 + b2) * precision * recall / (b2 * precision + recall) if precision + recall else 0.0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_an_alert_rule_alerts_where_its_f_beta_is_best_or_within_its_tolerance(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    failed = rng.random(400) < 0.15
+    scores = np.round(rng.random(400) + failed * rng.uniform(0.1, 0.6), 2)  # rounded: plenty of ties
+    candidates = np.r_[np.unique(scores), np.inf]  # every set of windows a threshold can alert on
+    for beta in (1.0, 2.0, 0.5):
+        best = max(_f_beta(failed, scores, t, beta) for t in candidates)
+        threshold = alert_threshold(failed, scores, beta=beta)
+        assert _f_beta(failed, scores, threshold, beta) == pytest.approx(best)
+        early = alert_threshold(failed, scores, beta=beta, tolerance=0.03)
+        assert early <= threshold
+        assert _f_beta(failed, scores, early, beta) >= best - 0.03 - 1e-12
+        # nothing lower is still within reach: the earliest alerts validation cannot tell from the best
+        assert all(_f_beta(failed, scores, t, beta) < best - 0.03 for t in candidates if t < early)
+    assert alert_threshold(failed, scores) == best_f1_threshold(failed, scores)
 
 
 def _windows(

@@ -45,7 +45,7 @@ def _run_smoke(out: Path, *extra: str) -> str:
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The smoke suite with its dataset in a worker process (``--jobs 2``), as the whole suite runs on two cores."""
     out = tmp_path_factory.mktemp("quality")
-    return out, _run_smoke(out, "--keep-artifacts", "--jobs", "2")
+    return out, _run_smoke(out, "--keep-artifacts", "--keep-scores", "--jobs", "2")
 
 
 def test_the_table_has_every_column_and_a_row_per_scorer(smoke: tuple[Path, str]) -> None:
@@ -288,3 +288,35 @@ def test_the_table_of_finished_runs_puts_their_datasets_together(tmp_path: Path)
 
     again = _table_from(tmp_path / "whole.json", tmp_path / "whole.json")
     assert again.returncode != 0 and "cmapss_fd001 is in more than one" in again.stderr
+
+
+def test_kept_scores_give_the_suites_figures_again_under_its_own_alert_rule(smoke: tuple[Path, str]) -> None:
+    """``--keep-scores`` writes what ``bench/alert_rules.py`` needs: under the rule training uses (the best F1 on
+    validation) every scorer alerts on the same validation windows as in the suite, and gradient boosting's test
+    figures come out as the suite's."""
+    import numpy as np
+
+    out, _ = smoke
+    results = json.loads((out / "quality.json").read_text())
+    figures = results["datasets"]["sim_smoke"]["runs"][0]["scorers"]
+    kept = np.load(out / "scores" / "sim_smoke" / "seed-0.npz")
+    assert {k for k in kept.files if ":" in k} == {f"{split}:{s}" for split in ("validation", "test") for s in figures}
+    assert len(kept["test:lm"]) == len(kept["test.failed"]) == figures["lm"]["windows"]
+
+    spec = importlib.util.spec_from_file_location("alert_rules", REPO / "bench" / "alert_rules.py")
+    assert spec is not None and spec.loader is not None
+    rules = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = rules
+    spec.loader.exec_module(rules)
+    f1 = rules.Rule.parse("f1")
+    again = rules.results_under(f1, [out])["datasets"]["sim_smoke"]["runs"][0]["scorers"]
+    for scorer, suite in figures.items():
+        validation = kept[f"validation:{scorer}"]
+        assert np.array_equal(
+            validation >= suite["threshold"], validation >= f1.threshold(kept["validation.failed"], validation)
+        ), scorer
+    for figure in ("f1", "median_lead_time_h", "false_alarms_per_machine_week", "failures_alerted"):
+        assert again["gradient-boosting"][figure] == figures["gradient-boosting"][figure], figure
+
+    with pytest.raises(Exception, match="expected fB"):
+        rules.Rule.parse("recall")

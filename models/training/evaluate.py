@@ -101,10 +101,24 @@ def best_f1_threshold(failed: Sequence[bool], scores: Sequence[float]) -> float:
     >>> best_f1_threshold([False, True, True], [0.2, 0.6, 0.9])
     0.4
     """
+    return alert_threshold(failed, scores)
+
+
+def alert_threshold(
+    failed: Sequence[bool], scores: Sequence[float], *, beta: float = 1.0, tolerance: float = 0.0
+) -> float:
+    """The threshold with the highest F-beta on these windows, or with ``tolerance``, the lowest threshold whose
+    F-beta is within ``tolerance`` of the highest (the earliest alerts validation cannot tell from the best).
+    ``beta`` above 1 weighs recall over precision. Placed as :func:`best_f1_threshold` places it.
+
+    >>> failed, scores = [True, False, False, True, False], [0.9, 0.8, 0.7, 0.4, 0.1]
+    >>> [round(alert_threshold(failed, scores, **rule), 3) for rule in ({}, {"beta": 2.0}, {"tolerance": 0.05})]
+    [0.85, 0.25, 0.25]
+    """
     y = np.asarray(failed, dtype=bool)
     s = np.asarray(scores, dtype=np.float64)
     if len(s) == 0:
-        raise ValueError("best_f1_threshold needs at least one scored window")
+        raise ValueError("alert_threshold needs at least one scored window")
     if y.sum() == 0:
         return float(np.nextafter(s.max(), np.inf))  # nothing failed: alert on nothing seen
     order = np.argsort(-s, kind="stable")
@@ -113,8 +127,11 @@ def best_f1_threshold(failed: Sequence[bool], scores: Sequence[float]) -> float:
     tp = np.cumsum(y)[last_of_tie]
     precision = tp / (last_of_tie + 1)
     recall = tp / y.sum()
-    f1 = np.where(precision + recall > 0, 2 * precision * recall / np.maximum(precision + recall, 1e-300), 0.0)
-    best = int(np.argmax(f1))  # first maximum = highest threshold among ties
+    b2 = beta * beta
+    denominator = b2 * precision + recall
+    f = np.where(denominator > 0, (1 + b2) * precision * recall / np.maximum(denominator, 1e-300), 0.0)
+    # Without tolerance the first maximum (the highest threshold among ties); with it the last within reach.
+    best = int(np.flatnonzero(f >= f.max() - tolerance)[-1]) if tolerance > 0 else int(np.argmax(f))
     lowest_alerting = s[last_of_tie[best]]
     if best + 1 < len(last_of_tie):
         return float((lowest_alerting + s[last_of_tie[best + 1]]) / 2)
