@@ -8,8 +8,12 @@ follow, with nothing trained again.
 A rule is ``f1`` (the best F1: what training and the suite use), ``fB`` (the best F-beta, beta B: recall weighs B times
 precision), and either with ``~T`` (the lowest threshold whose F-beta is within T of the best: the earliest alerts that
 validation cannot tell from the best). Every scorer gets the same rule, so a rule changes where each one alerts and
-not which one ranks windows better (PR-AUC does not move). Per rule: a row per dataset with the LM's and gradient
-boosting's F1, median lead time and false alarms per machine-week (means over seeds), and the suite's verdict line.
+not which one ranks windows better (PR-AUC does not move). ``matched`` is a comparison, not a rule to deploy: gradient
+boosting alerts at its best F1, and every other scorer at the lowest threshold that raises no more false alarms per
+machine-week on validation than the trees do there, so lead times compare at about the same alarm rate.
+
+Per rule: a row per dataset with the LM's and gradient boosting's F1, median lead time and false alarms per
+machine-week (means over seeds), and the suite's verdict line.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ sys.path.insert(0, str(REPO_ROOT / "bench"))
 from quality_suite import against as verdict  # noqa: E402
 from quality_suite import dataset_rows, mean_rows, profile_rows  # noqa: E402
 
-from models.training.evaluate import alert_threshold, window_metrics  # noqa: E402
+from models.training.evaluate import alert_threshold, false_alarms, window_metrics  # noqa: E402
 from models.training.scored_window import ScoredWindow  # noqa: E402
 
 SHOWN = ("lm", "gradient-boosting")
@@ -46,6 +50,8 @@ class Rule:
 
     @classmethod
     def parse(cls, text: str) -> Rule:
+        if text.strip() == MATCHED:
+            return cls(MATCHED)
         match = re.fullmatch(r"f(\d+(?:\.\d+)?)(?:~(\d*\.?\d+))?", text.strip())
         if match is None:
             raise argparse.ArgumentTypeError(f"rule {text!r}: expected fB or fB~T (f1, f2, f1~0.02)")
@@ -53,6 +59,32 @@ class Rule:
 
     def threshold(self, failed: np.ndarray, scores: np.ndarray) -> float:
         return alert_threshold(failed, scores, beta=self.beta, tolerance=self.tolerance)
+
+
+MATCHED = "matched"
+REFERENCE = "gradient-boosting"
+
+
+def matched_threshold(validation: list[ScoredWindow], every_h: float, alarms: float) -> float:
+    """The lowest threshold (halfway between two risks, as :func:`alert_threshold` places it) whose false alarms per
+    machine-week on ``validation`` are at most ``alarms``."""
+    risks = np.unique([w.score for w in validation])[::-1]  # high to low
+    cuts = np.r_[np.nextafter(risks[0], np.inf), (risks[:-1] + risks[1:]) / 2, np.nextafter(risks[-1], -np.inf)]
+
+    def rate(threshold: float) -> float:
+        raised, weeks = false_alarms(validation, threshold, every_h)
+        return raised / weeks if weeks else 0.0
+
+    low, high = 0, len(cuts) - 1  # alarms grow (nearly) monotonically as the threshold falls: bisect on it
+    if rate(cuts[high]) <= alarms:
+        return float(cuts[high])
+    while high - low > 1:
+        middle = (low + high) // 2
+        if rate(cuts[middle]) <= alarms:
+            low = middle
+        else:
+            high = middle
+    return float(cuts[low])
 
 
 def scored(seed: Any, split: str, scores: np.ndarray) -> list[ScoredWindow]:
@@ -83,10 +115,26 @@ def results_under(rule: Rule, runs: list[Path]) -> dict[str, Any]:
             for path in sorted(folder.glob("seed-*.npz")):
                 seed = np.load(path)
                 record: dict[str, Any] = {}
+                every_h = float(seed["every_h"])
+                reference = Rule("f1")
+                alarms = None
+                if rule.name == MATCHED:
+                    risks = seed[f"validation:{REFERENCE}"]
+                    raised, weeks = false_alarms(
+                        scored(seed, "validation", risks),
+                        reference.threshold(seed["validation.failed"], risks),
+                        every_h,
+                    )
+                    alarms = raised / weeks if weeks else 0.0
                 for scorer in scorers_of(seed):
-                    threshold = rule.threshold(seed["validation.failed"], seed[f"validation:{scorer}"])
-                    test = scored(seed, "test", seed[f"test:{scorer}"])
-                    metrics = window_metrics(test, threshold, float(seed["every_h"]))
+                    risks = seed[f"validation:{scorer}"]
+                    if alarms is None or scorer == REFERENCE:
+                        threshold = (reference if alarms is not None else rule).threshold(
+                            seed["validation.failed"], risks
+                        )
+                    else:
+                        threshold = matched_threshold(scored(seed, "validation", risks), every_h, alarms)
+                    metrics = window_metrics(scored(seed, "test", seed[f"test:{scorer}"]), threshold, every_h)
                     record[scorer] = {**metrics.model_dump(mode="json"), "train_minutes": 0.0}
                 entry["runs"].append({"seed": int(path.stem.split("-")[1]), "scorers": record})
     return {"datasets": datasets}
@@ -121,7 +169,9 @@ def rule_table(rule: Rule, runs: list[Path]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", type=Path, nargs="+", help="quality-suite output folders run with --keep-scores")
-    parser.add_argument("--rules", default="f1,f2,f1~0.02", help="comma-separated rules (default: f1,f2,f1~0.02)")
+    parser.add_argument(
+        "--rules", default="f1,f2,f1~0.02,matched", help="comma-separated rules (default: f1,f2,f1~0.02,matched)"
+    )
     args = parser.parse_args(argv)
     missing = [str(run) for run in args.runs if not (run / "scores").is_dir()]
     if missing:

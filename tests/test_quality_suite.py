@@ -318,5 +318,19 @@ def test_kept_scores_give_the_suites_figures_again_under_its_own_alert_rule(smok
     for figure in ("f1", "median_lead_time_h", "false_alarms_per_machine_week", "failures_alerted"):
         assert again["gradient-boosting"][figure] == figures["gradient-boosting"][figure], figure
 
+    # matched: the trees at their own threshold, the LM at the lowest that raises no more false alarms on validation
+    matched = rules.results_under(rules.Rule.parse("matched"), [out])["datasets"]["sim_smoke"]["runs"][0]["scorers"]
+    assert matched["gradient-boosting"] == again["gradient-boosting"]
+    validation = rules.scored(kept, "validation", kept["validation:lm"])
+    every_h = float(kept["every_h"])
+    for budget in (0.0, 1.0, 5.0):
+        threshold = rules.matched_threshold(validation, every_h, budget)
+        raised, weeks = rules.false_alarms(validation, threshold, every_h)
+        assert raised / weeks <= budget
+        lower = [w.score for w in validation if w.score < threshold]
+        if lower:  # one risk lower alerts on more windows and raises more than the budget
+            raised, weeks = rules.false_alarms(validation, max(lower), every_h)
+            assert raised / weeks > budget
+
     with pytest.raises(Exception, match="expected fB"):
         rules.Rule.parse("recall")
