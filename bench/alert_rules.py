@@ -31,13 +31,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "bench"))
 
+from quality_suite import _fmt, summarize  # noqa: E402
 from quality_suite import against as verdict  # noqa: E402
-from quality_suite import dataset_rows, mean_rows, profile_rows  # noqa: E402
 
 from models.training.evaluate import alert_threshold, false_alarms, window_metrics  # noqa: E402
 from models.training.scored_window import ScoredWindow  # noqa: E402
 
 SHOWN = ("lm", "gradient-boosting")
+MATCHED = "matched"
+REFERENCE = "gradient-boosting"
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,10 @@ class Rule:
         return alert_threshold(failed, scores, beta=self.beta, tolerance=self.tolerance)
 
 
-MATCHED = "matched"
-REFERENCE = "gradient-boosting"
+def alarm_rate(windows: list[ScoredWindow], threshold: float, every_h: float) -> float:
+    """False alarms per machine-week at ``threshold``, as the suite's metrics count them."""
+    raised, weeks = false_alarms(windows, threshold, every_h)
+    return raised / weeks if weeks else 0.0
 
 
 def matched_threshold(validation: list[ScoredWindow], every_h: float, alarms: float) -> float:
@@ -71,16 +75,12 @@ def matched_threshold(validation: list[ScoredWindow], every_h: float, alarms: fl
     risks = np.unique([w.score for w in validation])[::-1]  # high to low
     cuts = np.r_[np.nextafter(risks[0], np.inf), (risks[:-1] + risks[1:]) / 2, np.nextafter(risks[-1], -np.inf)]
 
-    def rate(threshold: float) -> float:
-        raised, weeks = false_alarms(validation, threshold, every_h)
-        return raised / weeks if weeks else 0.0
-
     low, high = 0, len(cuts) - 1  # alarms grow (nearly) monotonically as the threshold falls: bisect on it
-    if rate(cuts[high]) <= alarms:
+    if alarm_rate(validation, cuts[high], every_h) <= alarms:
         return float(cuts[high])
     while high - low > 1:
         middle = (low + high) // 2
-        if rate(cuts[middle]) <= alarms:
+        if alarm_rate(validation, cuts[middle], every_h) <= alarms:
             low = middle
         else:
             high = middle
@@ -106,6 +106,22 @@ def scorers_of(seed: Any) -> list[str]:
     return sorted(key.split(":", 1)[1] for key in seed.files if key.startswith("validation:"))
 
 
+def thresholds(rule: Rule, seed: Any) -> dict[str, float]:
+    """Each scorer's threshold under ``rule``, chosen on its validation risks in one ``--keep-scores`` file."""
+    failed, every_h = seed["validation.failed"], float(seed["every_h"])
+    if rule.name != MATCHED:
+        return {scorer: rule.threshold(failed, seed[f"validation:{scorer}"]) for scorer in scorers_of(seed)}
+    reference = seed[f"validation:{REFERENCE}"]
+    at = Rule("f1").threshold(failed, reference)
+    alarms = alarm_rate(scored(seed, "validation", reference), at, every_h)
+    return {
+        scorer: at
+        if scorer == REFERENCE
+        else matched_threshold(scored(seed, "validation", seed[f"validation:{scorer}"]), every_h, alarms)
+        for scorer in scorers_of(seed)
+    }
+
+
 def results_under(rule: Rule, runs: list[Path]) -> dict[str, Any]:
     """The suite's results layout (``{"datasets": {NAME: {"runs": [...]}}}``) with every threshold from ``rule``."""
     datasets: dict[str, Any] = {}
@@ -115,39 +131,16 @@ def results_under(rule: Rule, runs: list[Path]) -> dict[str, Any]:
             for path in sorted(folder.glob("seed-*.npz")):
                 seed = np.load(path)
                 record: dict[str, Any] = {}
-                every_h = float(seed["every_h"])
-                reference = Rule("f1")
-                alarms = None
-                if rule.name == MATCHED:
-                    risks = seed[f"validation:{REFERENCE}"]
-                    raised, weeks = false_alarms(
-                        scored(seed, "validation", risks),
-                        reference.threshold(seed["validation.failed"], risks),
-                        every_h,
-                    )
-                    alarms = raised / weeks if weeks else 0.0
-                for scorer in scorers_of(seed):
-                    risks = seed[f"validation:{scorer}"]
-                    if alarms is None or scorer == REFERENCE:
-                        threshold = (reference if alarms is not None else rule).threshold(
-                            seed["validation.failed"], risks
-                        )
-                    else:
-                        threshold = matched_threshold(scored(seed, "validation", risks), every_h, alarms)
-                    metrics = window_metrics(scored(seed, "test", seed[f"test:{scorer}"]), threshold, every_h)
+                for scorer, threshold in thresholds(rule, seed).items():
+                    test = scored(seed, "test", seed[f"test:{scorer}"])
+                    metrics = window_metrics(test, threshold, float(seed["every_h"]))
                     record[scorer] = {**metrics.model_dump(mode="json"), "train_minutes": 0.0}
                 entry["runs"].append({"seed": int(path.stem.split("-")[1]), "scorers": record})
     return {"datasets": datasets}
 
 
-def _fmt(value: float | None, digits: int) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def rule_table(rule: Rule, runs: list[Path]) -> str:
-    rows = dataset_rows(results_under(rule, runs))
-    rows += profile_rows(rows)
-    rows += mean_rows(rows)
+    rows = summarize(results_under(rule, runs))
     by = {(r["dataset"], r["scorer"]): r for r in rows}
     lines = [
         f"rule {rule.name}",
@@ -169,9 +162,7 @@ def rule_table(rule: Rule, runs: list[Path]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", type=Path, nargs="+", help="quality-suite output folders run with --keep-scores")
-    parser.add_argument(
-        "--rules", default="f1,f2,f1~0.02,matched", help="comma-separated rules (default: f1,f2,f1~0.02,matched)"
-    )
+    parser.add_argument("--rules", default="f1,f2,f1~0.02,matched", help="comma-separated rules (default: %(default)s)")
     args = parser.parse_args(argv)
     missing = [str(run) for run in args.runs if not (run / "scores").is_dir()]
     if missing:

@@ -20,13 +20,18 @@ REPO = Path(__file__).resolve().parents[1]
 SUITE = REPO / "bench" / "quality_suite.py"
 
 
-def _suite() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("quality_suite", SUITE)
+def _bench(name: str) -> ModuleType:
+    """A script under ``bench/`` as a module."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def _suite() -> ModuleType:
+    return _bench("quality_suite")
 
 
 def _run_smoke(out: Path, *extra: str) -> str:
@@ -303,11 +308,7 @@ def test_kept_scores_give_the_suites_figures_again_under_its_own_alert_rule(smok
     assert {k for k in kept.files if ":" in k} == {f"{split}:{s}" for split in ("validation", "test") for s in figures}
     assert len(kept["test:lm"]) == len(kept["test.failed"]) == figures["lm"]["windows"]
 
-    spec = importlib.util.spec_from_file_location("alert_rules", REPO / "bench" / "alert_rules.py")
-    assert spec is not None and spec.loader is not None
-    rules = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = rules
-    spec.loader.exec_module(rules)
+    rules = _bench("alert_rules")
     f1 = rules.Rule.parse("f1")
     again = rules.results_under(f1, [out])["datasets"]["sim_smoke"]["runs"][0]["scorers"]
     for scorer, suite in figures.items():
