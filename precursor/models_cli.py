@@ -150,8 +150,8 @@ def train_command(
             help="Any other training setting, as NAME=VALUE (repeatable): dropout=0.2, learning_rate=1e-3, "
             "token_dropout=0.2, ordinal_init=false, bins=8 ... (the fields of "
             "models.training.train.TrainSettings and of its tokenizer). Lists and mappings in JSON: "
-            '\'search=[{"block_stats": ["mean", "slope"]}]\' trains a variant too and keeps the better on '
-            "validation.",
+            "'search=[{\"n_embd\": 64}]' trains a variant too and keeps the better on validation (by default, "
+            "block slopes where the sequences are short; search=[] for none).",
         ),
     ] = None,
     quiet: QuietOption = False,

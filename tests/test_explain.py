@@ -45,6 +45,7 @@ SETTINGS = {
     "eval_every": 50,
     "learning_rate": 5e-3,
     "max_length": 128,
+    "search": [],  # one candidate, not the default search's two
     # Sized without the teacher (the default since 2026-12-06): with it this 250-step model alerted on every window of
     # the replay, and the test needs quiet windows beside alerting ones. Explaining is what it is about.
     "teacher_weight": 0.0,

@@ -32,6 +32,7 @@ from models.training.model import (
     load_checkpoint,
 )
 from models.training.train import (
+    DEFAULT_SEARCH,
     EncodedWindows,
     TrainResult,
     TrainSettings,
@@ -106,6 +107,8 @@ TINY = {
     "eval_every": 40,
     "learning_rate": 5e-3,
     "max_length": 64,
+    # One candidate: the default search would train each test's model twice (its own tests say what it does).
+    "search": [],
 }
 
 
@@ -215,6 +218,41 @@ def test_a_search_keeps_the_candidate_validation_prefers_and_records_what_each_s
     plain = json.loads((tiny_checkpoint / CONFIG_FILE).read_text())
     assert results[0]["validation_pr_auc"] == plain["validation"]["pr_auc"]
     assert results[0]["step"] == plain["step"]
+
+
+def test_the_default_search_tries_block_slopes_where_the_sequence_is_short_and_nothing_where_it_is_long(
+    tiny_checkpoint: Path, tiny_fleet: dict[str, Path], tmp_path: Path
+) -> None:
+    defaults = {k: v for k, v in TINY.items() if k != "search"}
+    plain = json.loads((tiny_checkpoint / CONFIG_FILE).read_text())
+    fixed_length = TelemetryTokenizer.load(tiny_checkpoint).fixed_length
+    assert TrainSettings(**defaults).search is None and fixed_length <= TrainSettings(**defaults).search_max_length
+
+    searched_out, skipped_out = tmp_path / "searched", tmp_path / "skipped"
+    files = (tiny_fleet["telemetry"], tiny_fleet["events"])
+    train(*files, searched_out, TrainSettings(**defaults), machines=tiny_fleet["machines"])
+    searched = json.loads((searched_out / CONFIG_FILE).read_text())
+    assert searched["training"]["default_search"] == {
+        "fixed_length": fixed_length,
+        "search_max_length": TrainSettings(**defaults).search_max_length,
+        "searched": True,
+    }
+    results = searched["training"]["search_results"]
+    assert [r["overrides"] for r in results] == [{}, *DEFAULT_SEARCH]
+    # The first candidate is the plain run, its tokenizer fitted before the search was decided.
+    assert results[0]["validation_pr_auc"] == plain["validation"]["pr_auc"] and results[0]["step"] == plain["step"]
+
+    # One token over the limit: no second candidate, and the model is the plain run's.
+    train(
+        *files,
+        skipped_out,
+        TrainSettings(**defaults, search_max_length=fixed_length - 1),
+        machines=tiny_fleet["machines"],
+    )
+    skipped = json.loads((skipped_out / CONFIG_FILE).read_text())
+    assert skipped["training"]["default_search"]["searched"] is False
+    assert "search_results" not in skipped["training"]
+    assert skipped["validation"] == plain["validation"] and skipped["step"] == plain["step"]
 
 
 def test_a_search_refits_only_the_candidate_it_keeps(

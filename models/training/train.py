@@ -25,6 +25,8 @@ The recipe (nanoGPT's habits, as importable functions rather than a script):
 6. With ``search`` (a list of setting overrides), steps 2 to 5 run once for the settings as given and once for each
    variant, on the same windows from the same seed, and the candidate with the best validation PR-AUC is the one saved
    (:func:`search_candidates`). Only the kept candidate is refitted: a refit costs about a selection run again.
+   By default the search is :data:`DEFAULT_SEARCH` (block slopes), where the data is small enough to pay for a second
+   selection run (:func:`search_variants`).
 
 Torch uses ``threads`` CPU threads: 1 by default, at most 2. On a shared machine one thread is faster than two
 (two threads spin-wait on each other whenever the other is descheduled).
@@ -94,6 +96,12 @@ log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW_H = 30.0
 """The window length where none is given (``precursor train`` defaults it to the horizon)."""
+
+DEFAULT_SEARCH: tuple[dict[str, Any], ...] = ({"block_stats": ["mean", "slope"]},)
+"""What training tries beside the settings as given where the data is small (``TrainSettings.search`` None): block
+slopes beside block means. The trees read each block's slope, the LM's tokens only its mean; where the slope carries
+the signal (the server fleet) validation keeps it, where it does not (C-MAPSS FD001, the slow fleet) it keeps the
+means (BENCHMARKS.md, "Block slopes where validation wants them, by default")."""
 
 
 class TrainSettings(BaseModel):
@@ -194,9 +202,14 @@ class TrainSettings(BaseModel):
     # A small search inside training (issue #17 item 2): each entry overrides some of these settings (tokenizer names
     # included, e.g. {"block_stats": ["mean", "slope"]}). The settings as given and each variant are trained on the same
     # windows from the same seed, each within an equal share of max_minutes (selection_minutes), and the best on
-    # validation PR-AUC is kept and alone refitted (train_on_windows). Empty by default: each candidate costs a
-    # selection run.
-    search: tuple[dict[str, Any], ...] = ()
+    # validation PR-AUC is kept and alone refitted (train_on_windows). A list given is searched whatever it costs; []
+    # searches nothing. None (the default) is DEFAULT_SEARCH where the data is small enough to pay for it: where the
+    # settings as given make sequences of at most search_max_length fixed tokens (TelemetryTokenizer.fixed_length).
+    # A step's cost grows with the sequence and the steps are fixed, so the sequence is what decides whether a second
+    # selection run fits: the suite's simulated fleets (56-58 tokens) and real drives (81) search in 5-9 minutes on
+    # 2 cores, C-MAPSS (111-153 tokens, 6-15 minutes without a search) does not.
+    search: tuple[dict[str, Any], ...] | None = None
+    search_max_length: Annotated[int, Field(ge=0)] = 96
     # split
     validation_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
     min_validation_failures: Annotated[int, Field(ge=1)] = 3
@@ -236,8 +249,9 @@ class TrainSettings(BaseModel):
     @model_validator(mode="after")
     def _search_names_settings(self) -> TrainSettings:
         known = set(type(self).model_fields) | set(TokenizerSettings.model_fields)
-        for number, overrides in enumerate(self.search, start=1):
-            unknown = sorted(set(overrides) - known) + sorted({"search", "max_minutes", "tokenizer"} & set(overrides))
+        for number, overrides in enumerate(self.search or (), start=1):
+            forbidden = {"search", "search_max_length", "max_minutes", "tokenizer"}
+            unknown = sorted(set(overrides) - known) + sorted(forbidden & set(overrides))
             if not overrides or unknown:
                 raise ValueError(
                     f"search candidate {number} ({overrides!r}): "
@@ -763,6 +777,13 @@ class _Selected:
         return float(self.validation["pr_auc"])
 
 
+def fitted_tokenizer(settings: TrainSettings, train_windows: Sequence[LabeledWindow]) -> TelemetryTokenizer:
+    """The tokenizer of ``settings``, fitted on the training windows (their statistics and outcomes) only."""
+    tokenizer = TelemetryTokenizer(settings.tokenizer)
+    tokenizer.fit([w.window for w in train_windows], outcomes=[w.outcome for w in train_windows])
+    return tokenizer
+
+
 @dataclass(frozen=True)
 class Candidate:
     """Settings a search trains: the ones given, with ``overrides`` (setting names and values) applied."""
@@ -771,13 +792,24 @@ class Candidate:
     overrides: dict[str, Any]
 
 
-def search_candidates(settings: TrainSettings) -> list[Candidate]:
-    """The settings as given, then each of ``settings.search`` applied to them (the time budget is shared out by
-    :func:`selection_minutes`)."""
+def search_variants(settings: TrainSettings, fixed_length: int | None = None) -> tuple[dict[str, Any], ...]:
+    """The overrides a training tries beside the settings as given: ``settings.search`` where it is a list, else
+    :data:`DEFAULT_SEARCH` where the settings as given make sequences of at most ``search_max_length`` fixed tokens
+    (``fixed_length``, from the tokenizer fitted on the training windows), else none."""
+    if settings.search is not None:
+        return settings.search
+    if fixed_length is None:
+        raise ValueError("the default search needs the fitted tokenizer's fixed_length")
+    return DEFAULT_SEARCH if fixed_length <= settings.search_max_length else ()
+
+
+def search_candidates(settings: TrainSettings, variants: Sequence[dict[str, Any]] | None = None) -> list[Candidate]:
+    """The settings as given, then each variant (``settings.search`` unless given) applied to them (the time budget
+    is shared out by :func:`selection_minutes`). Every candidate's own ``search`` is empty."""
     given = settings.model_dump(exclude={"search", "tokenizer"})
     tokenizer = settings.tokenizer.model_dump()
     candidates = []
-    for overrides in ({}, *settings.search):
+    for overrides in ({}, *(settings.search or () if variants is None else variants)):
         chosen = {**given, "tokenizer": tokenizer, **overrides, "search": ()}
         candidates.append(Candidate(TrainSettings.model_validate(chosen), dict(overrides)))
     return candidates
@@ -801,15 +833,17 @@ def _select(
     settings: TrainSettings,
     minutes: float,
     progress: Progress,
+    tokenizer: TelemetryTokenizer | None = None,
 ) -> _Selected:
     """Steps 2 to 5 of the recipe for one set of settings, within ``minutes``: the model validation chooses, its
-    threshold and calibration; no refit yet."""
+    threshold and calibration; no refit yet. ``tokenizer``: already fitted to these settings and training windows
+    (fitting draws on no global random state, so it may happen before the seeds are set)."""
     random.seed(settings.seed)
     np.random.seed(settings.seed)
     torch.manual_seed(settings.seed)  # whatever ran before in this process; each model's weights: fresh_model
     progress.stage("tokenizing windows")
-    tokenizer = TelemetryTokenizer(settings.tokenizer)
-    tokenizer.fit([w.window for w in train_windows], outcomes=[w.outcome for w in train_windows])
+    if tokenizer is None:
+        tokenizer = fitted_tokenizer(settings, train_windows)
     train_encoded = EncodedWindows.of(tokenizer, train_windows, values=settings.value_channel)
     validation_encoded = EncodedWindows.of(tokenizer, validation_windows, values=settings.value_channel)
     if settings.teacher_weight > 0:
@@ -1027,19 +1061,40 @@ def train_on_windows(
             raise DatasetError(f"the {name} period needs both ok and failed windows, has {counts or 'none'}")
     log.info("windows: training %s, validation %s", outcome_counts(train_windows), outcome_counts(validation_windows))
 
-    candidates = search_candidates(settings)
+    first_tokenizer: TelemetryTokenizer | None = None
+    gate: dict[str, Any] | None = None
+    if settings.search is None:  # the default search: whether it runs depends on the sequence the data makes
+        progress.stage("tokenizing windows")
+        first_tokenizer = fitted_tokenizer(settings, train_windows)
+        fixed_length = first_tokenizer.fixed_length
+        gate = {
+            "fixed_length": fixed_length,
+            "search_max_length": settings.search_max_length,
+            "searched": fixed_length <= settings.search_max_length,
+        }
+        log.info(
+            "default search %s: the settings as given make %d fixed tokens a window (search_max_length %d)",
+            "on" if gate["searched"] else "off",
+            fixed_length,
+            settings.search_max_length,
+        )
+    variants = search_variants(settings, first_tokenizer.fixed_length if first_tokenizer is not None else None)
+    candidates = search_candidates(settings, variants)
     minutes = selection_minutes(settings, len(train_windows), len(validation_windows), len(candidates))
     selected: list[_Selected] = []
     for number, candidate in enumerate(candidates, start=1):
         if len(candidates) > 1:
             log.info("search: candidate %d of %d: %s", number, len(candidates), candidate.overrides or "as given")
-        selected.append(_select(train_windows, validation_windows, candidate.settings, minutes, progress))
+        fitted = first_tokenizer if number == 1 else None
+        selected.append(_select(train_windows, validation_windows, candidate.settings, minutes, progress, fitted))
     kept = max(range(len(selected)), key=lambda i: (selected[i].pr_auc, -i))  # a tie keeps the first
     budget_s = settings.max_minutes * 60 - sum(fit.seconds for one in selected for fit in one.fits)
     model, tokenizer, meta, validation_encoded, validation_risks = _finish(
         selected[kept], train_windows, validation_windows, data, budget_s, progress
     )
     meta.training["cpu_s"] = round(time.process_time() - cpu_started, 1)  # every candidate's: the flow view's cost
+    if gate is not None:
+        meta.training["default_search"] = gate
     if len(candidates) > 1:
         meta.training["search_results"] = [
             {
