@@ -39,6 +39,7 @@ from models.training.train import (
     auxiliary_targets,
     hide_readings,
     outcome_nll,
+    search_variants,
     sequence_loss,
     train,
     training_device,
@@ -253,6 +254,34 @@ def test_the_default_search_tries_block_slopes_where_the_sequence_is_short_and_n
     assert skipped["training"]["default_search"]["searched"] is False
     assert "search_results" not in skipped["training"]
     assert skipped["validation"] == plain["validation"] and skipped["step"] == plain["step"]
+
+
+def test_the_default_search_leaves_out_a_variant_whose_sequences_would_not_fit_max_length(
+    tiny_checkpoint: Path, tiny_fleet: dict[str, Path]
+) -> None:
+    fleet = Fleet.load(tiny_fleet["telemetry"], tiny_fleet["events"], tiny_fleet["machines"])
+    windows = build_windows(fleet, WindowSpec(window_h=12, horizon_h=12))[:200]
+    defaults = {k: v for k, v in TINY.items() if k not in {"search", "max_length"}}
+    fitted = TelemetryTokenizer.load(tiny_checkpoint)
+    as_given = fitted.fixed_length
+    # A slope token beside each block's mean, for every sensor of every block.
+    with_slopes = as_given + TrainSettings(**defaults).tokenizer.blocks * len(fitted.state.scaling.sensors)
+
+    def variants(max_length: int) -> tuple[dict[str, Any], ...]:
+        settings = TrainSettings(**defaults, max_length=max_length)
+        tokenizer = TelemetryTokenizer(settings.tokenizer)
+        tokenizer.fit([w.window for w in windows])
+        assert tokenizer.fixed_length == as_given
+        return search_variants(settings, tokenizer)
+
+    # Room for the slopes: they are tried; one token short: the search is off instead of the training failing.
+    assert variants(with_slopes) == DEFAULT_SEARCH
+    assert variants(with_slopes - 1) == ()
+    # A search given is searched whatever it costs; no tokenizer is needed to say so.
+    given = ({"block_stats": ["mean", "slope"]},)
+    assert search_variants(TrainSettings(**defaults, max_length=as_given, search=given)) == given
+    with pytest.raises(ValueError, match="needs the tokenizer"):
+        search_variants(TrainSettings(**defaults))
 
 
 def test_a_search_refits_only_the_candidate_it_keeps(

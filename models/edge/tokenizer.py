@@ -458,7 +458,12 @@ class TelemetryTokenizer:
     @property
     def fixed_length(self) -> int:
         """Tokens every sequence has, whatever its events: the budget left over goes to events and errors."""
-        s, state = self.settings, self.state
+        return self.fixed_length_under(self.settings)
+
+    def fixed_length_under(self, s: TokenizerSettings) -> int:
+        """:attr:`fixed_length` under other settings (blocks, statistics) over the sensors and context fitted here:
+        whether another tokenizer of the same windows would fit ``max_length``, without fitting it."""
+        state = self.state
         n = len(state.scaling.sensors)
         context = 1 + len(state.attributes) + len(state.maintenance_parts) + 1 + 1  # bos, attrs, parts, lastfail, tod
         body = s.blocks * (1 + n * len(s.block_stats)) if s.block_stats else 0

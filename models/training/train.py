@@ -792,27 +792,38 @@ class Candidate:
     overrides: dict[str, Any]
 
 
-def search_variants(settings: TrainSettings, fixed_length: int | None = None) -> tuple[dict[str, Any], ...]:
-    """The overrides a training tries beside the settings as given: ``settings.search`` where it is a list, else
-    :data:`DEFAULT_SEARCH` where the settings as given make sequences of at most ``search_max_length`` fixed tokens
-    (``fixed_length``, from the tokenizer fitted on the training windows), else none."""
+def search_variants(settings: TrainSettings, tokenizer: TelemetryTokenizer | None = None) -> tuple[dict[str, Any], ...]:
+    """The overrides a training tries beside the settings as given: ``settings.search`` where it is a list. Else (the
+    default search) each of :data:`DEFAULT_SEARCH` whose sequences fit its ``max_length``, where the settings as given
+    make at most ``search_max_length`` fixed tokens a window; ``tokenizer`` is theirs, fitted on the training
+    windows."""
     if settings.search is not None:
         return settings.search
-    if fixed_length is None:
-        raise ValueError("the default search needs the fitted tokenizer's fixed_length")
-    return DEFAULT_SEARCH if fixed_length <= settings.search_max_length else ()
+    if tokenizer is None:
+        raise ValueError("the default search needs the tokenizer of the settings as given, fitted")
+    if tokenizer.fixed_length > settings.search_max_length:
+        return ()
+
+    def fits(overrides: dict[str, Any]) -> bool:
+        variant = candidate_settings(settings, overrides).tokenizer
+        return tokenizer.fixed_length_under(variant) <= variant.max_length
+
+    return tuple(overrides for overrides in DEFAULT_SEARCH if fits(overrides))
+
+
+def candidate_settings(settings: TrainSettings, overrides: dict[str, Any]) -> TrainSettings:
+    """``settings`` with ``overrides`` (setting names, tokenizer ones included) applied, and no search of their own."""
+    given = settings.model_dump(exclude={"search", "tokenizer"})
+    return TrainSettings.model_validate(
+        {**given, "tokenizer": settings.tokenizer.model_dump(), **overrides, "search": ()}
+    )
 
 
 def search_candidates(settings: TrainSettings, variants: Sequence[dict[str, Any]] | None = None) -> list[Candidate]:
     """The settings as given, then each variant (``settings.search`` unless given) applied to them (the time budget
-    is shared out by :func:`selection_minutes`). Every candidate's own ``search`` is empty."""
-    given = settings.model_dump(exclude={"search", "tokenizer"})
-    tokenizer = settings.tokenizer.model_dump()
-    candidates = []
-    for overrides in ({}, *(settings.search or () if variants is None else variants)):
-        chosen = {**given, "tokenizer": tokenizer, **overrides, "search": ()}
-        candidates.append(Candidate(TrainSettings.model_validate(chosen), dict(overrides)))
-    return candidates
+    is shared out by :func:`selection_minutes`)."""
+    chosen = (settings.search or ()) if variants is None else variants
+    return [Candidate(candidate_settings(settings, overrides), dict(overrides)) for overrides in ({}, *chosen)]
 
 
 def selection_minutes(settings: TrainSettings, train_windows: int, validation_windows: int, candidates: int) -> float:
@@ -1066,19 +1077,19 @@ def train_on_windows(
     if settings.search is None:  # the default search: whether it runs depends on the sequence the data makes
         progress.stage("tokenizing windows")
         first_tokenizer = fitted_tokenizer(settings, train_windows)
-        fixed_length = first_tokenizer.fixed_length
+    variants = search_variants(settings, first_tokenizer)
+    if first_tokenizer is not None:
         gate = {
-            "fixed_length": fixed_length,
+            "fixed_length": first_tokenizer.fixed_length,
             "search_max_length": settings.search_max_length,
-            "searched": fixed_length <= settings.search_max_length,
+            "searched": bool(variants),
         }
         log.info(
             "default search %s: the settings as given make %d fixed tokens a window (search_max_length %d)",
-            "on" if gate["searched"] else "off",
-            fixed_length,
+            "on" if variants else "off",
+            first_tokenizer.fixed_length,
             settings.search_max_length,
         )
-    variants = search_variants(settings, first_tokenizer.fixed_length if first_tokenizer is not None else None)
     candidates = search_candidates(settings, variants)
     minutes = selection_minutes(settings, len(train_windows), len(validation_windows), len(candidates))
     selected: list[_Selected] = []
