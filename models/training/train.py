@@ -99,9 +99,10 @@ DEFAULT_WINDOW_H = 30.0
 
 DEFAULT_SEARCH: tuple[dict[str, Any], ...] = ({"block_stats": ["mean", "slope"]},)
 """What training tries beside the settings as given where the data is small (``TrainSettings.search`` None): block
-slopes beside block means. The trees read each block's slope, the LM's tokens only its mean; where the slope carries
-the signal (the server fleet) validation keeps it, where it does not (C-MAPSS FD001, the slow fleet) it keeps the
-means (BENCHMARKS.md, "Block slopes where validation wants them, by default")."""
+slopes beside block means. The trees read each block's slope, the LM's tokens only its mean. Where the slope carries
+the signal (the server-metrics profile) validation kept it on every seed of three draws and LM minus gradient boosting
+went from -0.015 to +0.034 there; over the quality suite the LM's lead went from +0.018 to +0.025 (BENCHMARKS.md,
+"Block slopes where validation wants them, by default")."""
 
 
 class TrainSettings(BaseModel):
@@ -206,8 +207,8 @@ class TrainSettings(BaseModel):
     # searches nothing. None (the default) is DEFAULT_SEARCH where the data is small enough to pay for it: where the
     # settings as given make sequences of at most search_max_length fixed tokens (TelemetryTokenizer.fixed_length).
     # A step's cost grows with the sequence and the steps are fixed, so the sequence is what decides whether a second
-    # selection run fits: the suite's simulated fleets (56-58 tokens) and real drives (81) search in 5-9 minutes on
-    # 2 cores, C-MAPSS (111-153 tokens, 6-15 minutes without a search) does not.
+    # selection run fits: the suite's simulated fleets (56-58 tokens) and real drives (81) search, C-MAPSS (111-153
+    # tokens, 6-15 minutes on 2 cores without a search) does not.
     search: tuple[dict[str, Any], ...] | None = None
     search_max_length: Annotated[int, Field(ge=0)] = 96
     # split
