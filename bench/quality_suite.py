@@ -11,8 +11,8 @@ The only per-dataset settings are the facts its data dictates (:data:`DATASETS`)
 window ends, and how it splits. Whether the LM scales values per machine follows from the split: test machines it
 never saw (a split by machine) get one scaling per sensor, the machines of a time split their own.
 
-    .venv/bin/python bench/quality_suite.py --quick          # daily work: one seed, three datasets, about 6 min on 2 cores
-    .venv/bin/python bench/quality_suite.py                  # the whole suite: 3 seeds, 8 datasets, 73 min on 2 cores
+    .venv/bin/python bench/quality_suite.py --quick          # daily work: one seed, three datasets, 6 min on 2 cores
+    .venv/bin/python bench/quality_suite.py                  # the whole suite: 3 seeds, 8 datasets, ~85 min on 2 cores
 
 Datasets run in parallel, one worker process each, as many at once as the machine has cores (``--jobs``; each
 training uses ``--threads`` torch threads, one by default), the longest first.
