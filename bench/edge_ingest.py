@@ -14,6 +14,10 @@ read it) to its prediction being committed to the outbox (p50, p99, over every w
     .venv/bin/python bench/edge_ingest.py --model drift-zscore   # the baseline instead of the LM
     .venv/bin/python bench/edge_ingest.py --n-embd 96 --n-layer 3 --n-head 4   # a larger LM
     .venv/bin/python bench/edge_ingest.py --summaries            # telemetry summaries on (one per window period)
+    .venv/bin/python bench/edge_ingest.py --block-stats mean,slope   # the longer windows training's search may keep
+
+The LM is the one training makes by default: its size and value channel are read from
+:class:`models.training.train.TrainSettings`, so this stand-in cannot drift from it.
 """
 
 from __future__ import annotations
@@ -77,15 +81,19 @@ def build_artifact(
     n_embd: int | None = None,
     n_layer: int | None = None,
     n_head: int | None = None,
+    block_stats: tuple[str, ...] | None = None,
+    value_channel: bool | None = None,
 ) -> tuple[Path, Path]:
-    """A telemetry LM, int8 ONNX, signed; the default size (about 0.15 M parameters) unless ``n_embd``, ``n_layer``
-    or ``n_head`` say otherwise (None: :class:`models.training.model.ModelConfig`'s default). Runs in a child
+    """A telemetry LM, int8 ONNX, signed, as training makes it by default unless told otherwise: ``n_embd``,
+    ``n_layer``, ``n_head`` and ``value_channel`` (None: :class:`models.training.train.TrainSettings`'s default) and
+    the tokenizer's ``block_stats`` (None: :class:`models.edge.tokenizer.TokenizerSettings`'s). Runs in a child
     process."""
     from models.edge.scoring import Window
     from models.edge.signing import generate_keypair
     from models.edge.tokenizer import TelemetryTokenizer, TokenizerSettings
     from models.training.export import export_artifact
     from models.training.model import CheckpointMeta, ModelConfig, build_model, count_parameters, save_checkpoint
+    from models.training.train import TrainSettings
 
     rng = np.random.default_rng(1)
     names = tuple(sensor_names(sensors))
@@ -105,10 +113,20 @@ def build_artifact(
                     values,
                 )
             )
-    tokenizer = TelemetryTokenizer(TokenizerSettings(horizon_h=24, window_h=window_s / 3600, min_machine_rows=10))
+    stats = {} if block_stats is None else {"block_stats": block_stats}
+    tokenizer = TelemetryTokenizer(
+        TokenizerSettings.model_validate({"horizon_h": 24, "window_h": window_s / 3600, "min_machine_rows": 10} | stats)
+    )
     tokenizer.fit(windows, ["bearing", "seal"])
-    size = {k: v for k, v in (("n_embd", n_embd), ("n_layer", n_layer), ("n_head", n_head)) if v is not None}
-    config = ModelConfig(vocab_size=tokenizer.vocab_size, n_positions=tokenizer.settings.max_length, **size)
+    defaults = TrainSettings.model_fields
+    size = {
+        name: defaults[name].default if value is None else value
+        for name, value in (("n_embd", n_embd), ("n_layer", n_layer), ("n_head", n_head))
+    }
+    values = defaults["value_channel"].default if value_channel is None else value_channel
+    config = ModelConfig(
+        vocab_size=tokenizer.vocab_size, n_positions=tokenizer.settings.max_length, value_channel=values, **size
+    )
     model = build_model(config).eval()
     meta = CheckpointMeta(
         parameters=count_parameters(model),
@@ -123,7 +141,9 @@ def build_artifact(
     artifact = export_artifact(checkpoint, out / "artifact", "bench-1", pair.private_key_path, windows[:100])
     print(
         f"artifact: {count_parameters(model):,} parameters (n_embd {config.n_embd}, n_layer {config.n_layer}, "
-        f"n_head {config.n_head}), {len(tokenizer.encode(windows[0]))} tokens per window"
+        f"n_head {config.n_head}, value channel {'on' if config.value_channel else 'off'}), "
+        f"{len(tokenizer.encode(windows[0]))} tokens per window (block statistics: "
+        f"{', '.join(tokenizer.settings.block_stats)})"
     )
     return artifact, pair.public_key_path
 
@@ -234,7 +254,16 @@ def main(argv: list[str] | None = None) -> None:
     # out of the measured process).
     parser.add_argument("--n-embd", type=int, default=None, help="LM width (default: ModelConfig's, 64)")
     parser.add_argument("--n-layer", type=int, default=None, help="LM layers (default: ModelConfig's, 2)")
-    parser.add_argument("--n-head", type=int, default=None, help="LM attention heads (default: ModelConfig's, 4)")
+    parser.add_argument("--n-head", type=int, default=None, help="LM attention heads (default: ModelConfig's, 2)")
+    parser.add_argument(
+        "--block-stats",
+        default=None,
+        help="the tokenizer's statistics per block, comma-separated (default: TokenizerSettings', mean); "
+        "mean,slope is what training's default search keeps where validation prefers it",
+    )
+    parser.add_argument(
+        "--no-values", action="store_true", help="the LM without its value channel (on by default, as in training)"
+    )
     parser.add_argument("--summaries", action="store_true", help="send telemetry summaries (one per window period)")
     parser.add_argument("--build-artifact", type=Path, help=argparse.SUPPRESS)  # the child process's job
     args = parser.parse_args(argv)
@@ -243,7 +272,14 @@ def main(argv: list[str] | None = None) -> None:
     window_s = int(parse_duration(args.window).total_seconds())
     if args.build_artifact:
         build_artifact(
-            args.build_artifact, args.sensors, window_s, n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head
+            args.build_artifact,
+            args.sensors,
+            window_s,
+            n_embd=args.n_embd,
+            n_layer=args.n_layer,
+            n_head=args.n_head,
+            block_stats=None if args.block_stats is None else tuple(args.block_stats.split(",")),
+            value_channel=False if args.no_values else None,
         )
         return
 
@@ -268,10 +304,12 @@ def main(argv: list[str] | None = None) -> None:
                             ("--n-embd", args.n_embd),
                             ("--n-layer", args.n_layer),
                             ("--n-head", args.n_head),
+                            ("--block-stats", args.block_stats),
                         )
                         if value is not None
                         for arg in (flag, str(value))
                     ),
+                    *(["--no-values"] if args.no_values else []),
                 ],
                 check=True,
             )
