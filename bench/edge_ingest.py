@@ -10,6 +10,11 @@ the measured process never imports torch (its resident memory is the edge's).
 Prints: readings/s and windows/s over the whole replay; the latency from a reading's arrival (the moment its source
 read it) to its prediction being committed to the outbox (p50, p99, over every window); peak resident memory.
 
+The agent explains its alerting windows (``models.edge.explain``), and an explained window costs about 24 scored
+ones. The stand-in LM is untrained, so at its own threshold nearly every window would alert; the bench explains the
+share ``--alert-rate`` (1 % by default, a fleet's usual rate or more) instead: the threshold is the stand-in's risk
+quantile over a first, unmeasured replay of the first two minutes with explanations off.
+
     .venv/bin/python bench/edge_ingest.py                        # 1,000 machines x 10 sensors, 1 s readings, 5 min
     .venv/bin/python bench/edge_ingest.py --model drift-zscore   # the baseline instead of the LM
     .venv/bin/python bench/edge_ingest.py --n-embd 96 --n-layer 3 --n-head 4   # a larger LM
@@ -38,6 +43,7 @@ import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from datetime import UTC, datetime  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -160,6 +166,7 @@ class Figures:
     peak_rss_mib: float
     quarantined: int
     summaries: int = 0
+    explained: int = 0
 
     def lines(self) -> list[str]:
         return [
@@ -173,6 +180,7 @@ class Figures:
             f"memory:   peak resident {self.peak_rss_mib:.0f} MiB",
             f"quarantined: {self.quarantined}",
             f"summaries: {self.summaries:,} telemetry summaries in the outbox",
+            f"explained: {self.explained:,} alerting windows ({self.explained / max(1, self.predictions):.1%})",
         ]
 
 
@@ -188,7 +196,9 @@ def run_agent(
     batch_rows: int = 32,
     max_batch: int | None = None,
     summaries: bool = False,
+    explain_above: float | None = None,
 ) -> Figures:
+    """One replay through the daemon; ``explain_above``: the risk from which windows are explained (None: none)."""
     from edge_agent.config import EdgeConfig
     from edge_agent.daemon import AgentDaemon
 
@@ -210,6 +220,7 @@ def run_agent(
             "heartbeat": {"interval": "30s"},
             "log": {"level": "WARNING"},
             "telemetry_summaries": {"enabled": summaries},
+            "explain": {"enabled": explain_above is not None, "threshold": explain_above},
             "state_dir": str(state),
         }
     )
@@ -229,7 +240,33 @@ def run_agent(
         peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         quarantined=stats.quarantined,
         summaries=stats.summaries,
+        explained=stats.explained,
     )
+
+
+def explain_threshold(telemetry: Path, state: Path, rate: float, **agent: Any) -> float | None:
+    """The risk at or above which ``rate`` of the replay's windows lie, read from the predictions of a replay of
+    ``telemetry`` with explanations off; None for a rate of 0 (explain nothing)."""
+    from edge_agent.daemon import OUTBOX_FILE
+    from edge_agent.outbox import Outbox
+    from precursor.contracts.messages import Prediction, decode
+
+    if rate <= 0:
+        return None
+    if rate >= 1:
+        return 0.0
+    run_agent(telemetry, state, explain_above=None, **agent)
+    outbox = Outbox(state / OUTBOX_FILE, max_bytes=2**32)
+    reader = outbox.reader()
+    try:
+        rows = reader.pending(outbox.depth)
+    finally:
+        reader.close()
+        outbox.close()
+    top = [max(decode(Prediction, row.value).risk.values()) for row in rows if row.kind == "prediction"]
+    if not top:
+        raise RuntimeError("the calibration replay made no predictions to set the explanation threshold from")
+    return float(np.quantile(top, 1 - rate))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -265,6 +302,12 @@ def main(argv: list[str] | None = None) -> None:
         "--no-values", action="store_true", help="the LM without its value channel (on by default, as in training)"
     )
     parser.add_argument("--summaries", action="store_true", help="send telemetry summaries (one per window period)")
+    parser.add_argument(
+        "--alert-rate",
+        type=float,
+        default=0.01,
+        help="share of windows the agent explains as alerts (default 0.01; 0: none, 1: every window)",
+    )
     parser.add_argument("--build-artifact", type=Path, help=argparse.SUPPRESS)  # the child process's job
     args = parser.parse_args(argv)
     from precursor.contracts.durations import parse_duration
@@ -333,18 +376,24 @@ def main(argv: list[str] | None = None) -> None:
         batch = f"max_batch {args.max_batch}" if args.max_batch is not None else "max_batch default"
         summaries = "telemetry summaries on" if args.summaries else "telemetry summaries off"
         print(f"model:    {args.model}; {batch}; outbox durability {args.durability}; {summaries}")
-        figures = run_agent(
-            telemetry,
-            work / "state",
-            model=args.model,
-            artifact=artifact,
-            keys=keys,
-            window=args.window,
-            durability=args.durability,
-            batch_rows=args.batch_rows,
-            max_batch=args.max_batch,
-            summaries=args.summaries,
-        )
+        agent: dict[str, Any] = {
+            "model": args.model,
+            "artifact": artifact,
+            "keys": keys,
+            "window": args.window,
+            "durability": args.durability,
+            "batch_rows": args.batch_rows,
+            "max_batch": args.max_batch,
+            "summaries": args.summaries,
+        }
+        explain_above = None
+        if args.model == "lm":  # the baseline cannot be explained
+            head = work / "head.csv"
+            write_telemetry(head, args.machines, args.sensors, args.interval, min(2, args.minutes))
+            explain_above = explain_threshold(head, work / "calibration", args.alert_rate, **agent)
+            shown = "off" if explain_above is None else f"windows at risk >= {explain_above:.4f}"
+            print(f"explain:  {shown} (--alert-rate {args.alert_rate:g}, set on an unmeasured replay)")
+        figures = run_agent(telemetry, work / "state", explain_above=explain_above, **agent)
         for line in figures.lines():
             print(line)
 
