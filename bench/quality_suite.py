@@ -12,10 +12,12 @@ window ends, and how it splits. Whether the LM scales values per machine follows
 never saw (a split by machine) get one scaling per sensor, the machines of a time split their own.
 
     .venv/bin/python bench/quality_suite.py --quick          # daily work: one seed, three datasets, 6 min on 2 cores
-    .venv/bin/python bench/quality_suite.py                  # the whole suite: 3 seeds, 8 datasets, ~85 min on 2 cores
+    .venv/bin/python bench/quality_suite.py                  # the whole suite: 3 seeds, 8 datasets, ~80 min on 2 cores
 
-Datasets run in parallel, one worker process each, as many at once as the machine has cores (``--jobs``; each
-training uses ``--threads`` torch threads, one by default), the longest first.
+With ``--jobs`` above 1 each seed of each dataset runs in a worker process of its own, as many at once as the machine
+has cores (each training uses ``--threads`` torch threads, one by default), the longest datasets first: a dataset
+handed to a worker whole left one core idle while its last seeds ran one after another (the whole suite of
+2026-12-07: the drives' three seeds alone for its last 11 minutes).
 
 Prints one markdown table (per dataset and scorer: PR-AUC, Brier and ECE mean and min-max over seeds, F1, median
 lead time, false alarms per machine-week, training minutes; then per scorer the mean over the datasets) and a line
@@ -38,6 +40,7 @@ that fails is recorded with its error, and the rest still run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -118,9 +121,9 @@ class Dataset:
     validation: Literal["time", "machines"] = "time"
     test_share: float = 0.3
     simulated: Fleetspec | None = None
-    # About how many minutes one seed's LM trains at the default budget, beside one other training (BENCHMARKS.md, "The
-    # whole suite from one command"): only the order in which parallel workers take the datasets, longest first.
-    minutes: float = 3.0
+    # About how many minutes one seed's LM trains at the defaults beside one other training (BENCHMARKS.md, "The whole
+    # suite in one run, with the default search"): only the order in which parallel workers take the datasets.
+    minutes: float = 5.0
 
     @property
     def horizon_h(self) -> float:
@@ -159,9 +162,9 @@ class Dataset:
 DATASETS: tuple[Dataset, ...] = (
     # C-MAPSS READMEs: 30 cycles (one cycle = one hour) is the usual "failure soon"; a window ends every cycle, or
     # every 5 for speed, which FD004 takes: it has 2.5 times FD001's rows.
-    Dataset("cmapss_fd001", horizon="30h", every="1h", split="files", minutes=7.0),
-    Dataset("cmapss_fd003", horizon="30h", every="1h", split="files", minutes=9.1),
-    Dataset("cmapss_fd004", horizon="30h", every="5h", split="files", minutes=11.8),
+    Dataset("cmapss_fd001", horizon="30h", every="1h", split="files", minutes=5.6),
+    Dataset("cmapss_fd003", horizon="30h", every="1h", split="files", minutes=6.7),
+    Dataset("cmapss_fd004", horizon="30h", every="5h", split="files", minutes=11.1),
     # Backblaze README: one snapshot a day, 3 of a failed drive's 10 days positive; a split by machine (every healthy
     # drive appears only in the last 10 days of the year, so a time split leaves one class on each side).
     Dataset(
@@ -171,7 +174,7 @@ DATASETS: tuple[Dataset, ...] = (
         split="machines",
         validation="machines",
         test_share=0.3,
-        minutes=2.7,
+        minutes=4.9,
     ),
     # The simulated profiles: horizons fit how long their faults take to build up; the last third is the test.
     Dataset(
@@ -181,7 +184,7 @@ DATASETS: tuple[Dataset, ...] = (
         split="time",
         test_share=1 / 3,
         simulated=Fleetspec("slow-degradation", 16, "60d", fields={"interval": "30m"}),
-        minutes=3.0,
+        minutes=5.1,
     ),
     Dataset(
         "sim_error_codes",
@@ -190,7 +193,7 @@ DATASETS: tuple[Dataset, ...] = (
         split="time",
         test_share=1 / 3,
         simulated=Fleetspec("error-codes", 16, "60d"),
-        minutes=3.4,
+        minutes=5.0,
     ),
     Dataset(
         "sim_server_metrics",
@@ -199,7 +202,7 @@ DATASETS: tuple[Dataset, ...] = (
         split="time",
         test_share=1 / 3,
         simulated=Fleetspec("server-metrics", 12, "4d"),
-        minutes=3.6,
+        minutes=5.6,
     ),
     Dataset(
         "sim_daily",
@@ -208,7 +211,7 @@ DATASETS: tuple[Dataset, ...] = (
         split="time",
         test_share=1 / 3,
         simulated=Fleetspec("daily", 20, "600d"),
-        minutes=2.9,
+        minutes=4.7,
     ),
 )
 
@@ -709,11 +712,15 @@ def save_scores(path: Path, prepared: Prepared, risks: dict[str, np.ndarray], ev
     np.savez_compressed(path, **columns, **risks)
 
 
-def run_dataset(dataset: Dataset, args: argparse.Namespace) -> dict[str, Any]:
-    """One dataset: cut its windows once, then every seed's LM and baselines. A seed that fails is recorded with its
-    error, and the other seeds still run."""
+def run_dataset(dataset: Dataset, args: argparse.Namespace, seeds: Sequence[int] | None = None) -> dict[str, Any]:
+    """One dataset: cut its windows once, then each of ``seeds``' (None: every seed's) LM and baselines. A seed that
+    fails is recorded with its error, and the other seeds still run. Given a share of the seeds, the dataset's files
+    go to a folder of that share's own, so workers running its other seeds never write the same files."""
+    seeds = list(args.seeds if seeds is None else seeds)
     entry: dict[str, Any] = {"facts": dataset.facts(), "runs": []}
     work = args.out / dataset.name
+    if seeds != list(args.seeds):
+        work = work / ("seeds-" + "-".join(str(s) for s in seeds))
     try:
         prepared = prepare(dataset, args.datasets, work, training_settings(dataset, args.seeds[0], args))
     except Exception as err:  # one dataset's failure is recorded, and the others still run
@@ -728,7 +735,7 @@ def run_dataset(dataset: Dataset, args: argparse.Namespace) -> dict[str, Any]:
     entry["source"] = prepared.source
     entry["prepare_seconds"] = round(prepared.seconds, 1)
     log.info("%s: windows %s (%.0f s)", dataset.name, entry["windows"], prepared.seconds)
-    for seed in args.seeds:
+    for seed in seeds:
         settings = training_settings(dataset, seed, args)
         record: dict[str, Any] = {"seed": seed}
         risks: dict[str, np.ndarray] | None = {} if args.keep_scores else None
@@ -746,15 +753,34 @@ def run_dataset(dataset: Dataset, args: argparse.Namespace) -> dict[str, Any]:
         entry["runs"].append(record)
     if not args.keep_artifacts:
         shutil.rmtree(work, ignore_errors=True)
+        if work.parent != args.out:  # a share's folder: its dataset's too, once the last share has gone
+            with contextlib.suppress(OSError):
+                work.parent.rmdir()
     return entry
 
 
-def _run_dataset_in_worker(dataset: Dataset, args: argparse.Namespace) -> dict[str, Any]:
+def _run_seed_in_worker(dataset: Dataset, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     _log_to_stderr()  # a spawned worker starts with logging unset
     try:
-        return run_dataset(dataset, args)
-    except BaseException as err:  # a worker's crash is the dataset's error, not the whole run's
+        return run_dataset(dataset, args, [seed])
+    except BaseException as err:  # a worker's crash is the seed's error, not the whole run's
         return failed_entry(dataset, err)
+
+
+def merge_seeds(dataset: Dataset, parts: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """One dataset's entry from its seeds' entries, each from a worker of its own: the facts and windows of one that
+    cut them (every one cuts the same), every seed's run in seed order. A seed whose worker could not cut the
+    windows or died is a run with that error; a dataset where none could, the error alone, as a dataset that
+    fails."""
+    cut = [parts[seed] for seed in sorted(parts) if "windows" in parts[seed]]
+    if not cut:
+        return {"facts": dataset.facts(), "runs": [], "error": next(iter(parts.values())).get("error", "no seed ran")}
+    entry = {key: value for key, value in cut[0].items() if key != "runs"}
+    entry["runs"] = [
+        parts[seed]["runs"][0] if parts[seed]["runs"] else {"seed": seed, "error": parts[seed].get("error", "")}
+        for seed in sorted(parts)
+    ]
+    return entry
 
 
 def longest_first(datasets: Sequence[Dataset]) -> list[Dataset]:
@@ -763,10 +789,11 @@ def longest_first(datasets: Sequence[Dataset]) -> list[Dataset]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Every selected dataset, one after another (``--jobs 1``) or in parallel worker processes, one dataset each.
+    """Every selected dataset, one after another (``--jobs 1``) or in parallel worker processes, one seed of one
+    dataset each.
 
     A worker trains with ``--threads`` threads, so ``--jobs`` times ``--threads`` cores are busy. ``quality.json`` is
-    written again as each dataset finishes, so a long run that is stopped keeps what it finished.
+    written again as each dataset or seed finishes, so a long run that is stopped keeps what it finished.
     """
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -799,16 +826,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         # spawn, not fork: a forked child of a process that has run torch or Beam threads can deadlock.
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=min(args.jobs, len(chosen)), mp_context=context) as pool:
-            futures = {pool.submit(_run_dataset_in_worker, d, args): d for d in longest_first(chosen)}
+        parts: dict[str, dict[int, dict[str, Any]]] = {d.name: {} for d in chosen}
+        units = [(d, seed) for d in longest_first(chosen) for seed in args.seeds]
+        with ProcessPoolExecutor(max_workers=min(args.jobs, len(units)), mp_context=context) as pool:
+            futures = {pool.submit(_run_seed_in_worker, d, seed, args): (d, seed) for d, seed in units}
             for future in as_completed(futures):
-                dataset = futures[future]
+                dataset, seed = futures[future]
                 try:
-                    entry = future.result()
+                    part = future.result()
                 except Exception as err:  # the worker process itself died (killed, out of memory)
-                    log.error("%s: %s", dataset.name, err)
-                    entry = failed_entry(dataset, err)
-                done(dataset.name, entry)
+                    log.error("%s seed %d: %s", dataset.name, seed, err)
+                    part = failed_entry(dataset, err)
+                parts[dataset.name][seed] = part
+                done(dataset.name, merge_seeds(dataset, parts[dataset.name]))
     results["minutes"] = round((time.monotonic() - started) / 60, 2)
     results["machine"]["load_average_end"] = os.getloadavg()[0]
     results["summary"] = summarize(results)

@@ -147,6 +147,43 @@ def test_a_worker_process_gives_the_figures_of_a_run_in_the_suites_own_process(
     assert json.loads((parallel / "quality.json").read_text())["jobs"] == 2
 
 
+def test_each_seed_in_a_worker_of_its_own_gives_the_figures_of_one_process_running_them_all(tmp_path: Path) -> None:
+    figures = ("pr_auc", "f1", "brier", "median_lead_time_h", "false_alarms_per_machine_week")
+
+    def runs(folder: Path) -> list[tuple[int, dict[str, dict[str, float]]]]:
+        entry = json.loads((folder / "quality.json").read_text())["datasets"]["sim_smoke"]
+        assert entry["windows"]["train"] and "error" not in entry
+        return [
+            (run["seed"], {name: {f: m[f] for f in figures} for name, m in run["scorers"].items()})
+            for run in entry["runs"]
+        ]
+
+    _run_smoke(tmp_path / "serial", "--seeds", "0,1", "--jobs", "1")
+    _run_smoke(tmp_path / "parallel", "--seeds", "0,1", "--jobs", "2")
+    serial, parallel = runs(tmp_path / "serial"), runs(tmp_path / "parallel")
+    assert [seed for seed, _ in parallel] == [0, 1]
+    assert parallel == serial
+    assert serial[0][1]["lm"] != serial[1][1]["lm"]  # two seeds, two trainings: not one run counted twice
+    # each worker's folder is gone with its artifacts, and its dataset's folder with the last of them
+    assert sorted(p.name for p in (tmp_path / "parallel").iterdir()) == ["quality.json", "quality.md"]
+
+
+def test_a_seed_whose_worker_died_is_a_run_with_its_error_beside_the_others() -> None:
+    suite = _suite()
+    dataset = suite.SMOKE
+    ran = {
+        "facts": dataset.facts(),
+        "windows": {"train": {"ok": 3}},
+        "source": {},
+        "runs": [{"seed": 0, "scorers": {}}],
+    }
+    died = suite.failed_entry(dataset, MemoryError("killed"))
+    merged = suite.merge_seeds(dataset, {1: died, 0: ran})
+    assert merged["windows"] == ran["windows"] and "error" not in merged
+    assert merged["runs"] == [{"seed": 0, "scorers": {}}, {"seed": 1, "error": "MemoryError: killed"}]
+    assert suite.merge_seeds(dataset, {0: died, 1: died})["error"] == "MemoryError: killed"
+
+
 def test_the_whole_suite_measures_the_lms_own_budget_and_hands_out_the_longest_first() -> None:
     suite = _suite()
     from models.training.train import TrainSettings
