@@ -13,7 +13,7 @@ read it) to its prediction being committed to the outbox (p50, p99, over every w
 The agent explains its alerting windows (``models.edge.explain``), and an explained window costs about 24 scored
 ones. The stand-in LM is untrained, so at its own threshold nearly every window would alert; the bench explains the
 share ``--alert-rate`` (1 % by default, a fleet's usual rate or more) instead: the threshold is the stand-in's risk
-quantile over a first, unmeasured replay of the first two minutes with explanations off.
+quantile over a first, unmeasured replay of the same telemetry with explanations off.
 
     .venv/bin/python bench/edge_ingest.py                        # 1,000 machines x 10 sensors, 1 s readings, 5 min
     .venv/bin/python bench/edge_ingest.py --model drift-zscore   # the baseline instead of the LM
@@ -388,9 +388,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         explain_above = None
         if args.model == "lm":  # the baseline cannot be explained
-            head = work / "head.csv"
-            write_telemetry(head, args.machines, args.sensors, args.interval, min(2, args.minutes))
-            explain_above = explain_threshold(head, work / "calibration", args.alert_rate, **agent)
+            explain_above = explain_threshold(telemetry, work / "calibration", args.alert_rate, **agent)
             shown = "off" if explain_above is None else f"windows at risk >= {explain_above:.4f}"
             print(f"explain:  {shown} (--alert-rate {args.alert_rate:g}, set on an unmeasured replay)")
         figures = run_agent(telemetry, work / "state", explain_above=explain_above, **agent)
