@@ -9,6 +9,7 @@ and the speed-up of the loop against the first device.
     .venv/bin/python bench/train_speed.py --devices cpu                      # this machine
     python3 bench/train_speed.py --devices cpu,cuda --threads 1,16           # a cloud box with a GPU
     .venv/bin/python bench/train_speed.py --activations gelu_new,gelu_pytorch_tanh   # GELU kernels, same math
+    .venv/bin/python bench/train_speed.py --output-layer everywhere,where-read       # logits where the loss reads them
 
 Defaults are C-MAPSS FD001's training split with a 30-hour horizon.
 """
@@ -25,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -51,17 +53,25 @@ def main(argv: list[str] | None = None) -> None:
         default="",
         help="GPT-2 activation names, comma-separated: one run per name on each device (default: the model's own)",
     )
+    parser.add_argument(
+        "--output-layer",
+        default="",
+        help="where-read (the model's own: logits only where a loss reads them) and/or everywhere (every position's, "
+        "then indexed, as before 2026-12-07), comma-separated: one run per value on each device",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
-    runs: list[tuple[str, int, str]] = []
+    runs: list[tuple[str, int, str, str]] = []
     activations = args.activations.split(",") if args.activations else [""]
+    layers = args.output_layer.split(",") if args.output_layer else [""]
     for device in args.devices.split(","):
         for activation in activations:
-            if device == "cpu":
-                runs += [("cpu", int(t), activation) for t in args.threads.split(",")]
-            else:
-                runs.append((device, 1, activation))
+            for layer in layers:
+                if device == "cpu":
+                    runs += [("cpu", int(t), activation, layer) for t in args.threads.split(",")]
+                else:
+                    runs.append((device, 1, activation, layer))
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
@@ -71,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load:    {os.getloadavg()[0]:.1f} (1 min) before")
     print(f"data:    {args.data}, horizon {args.horizon:g} h; {args.steps} steps of batch {args.batch_size}")
     rows = []
-    for device, threads, activation in runs:
+    for device, threads, activation, layer in runs:
         settings = TrainSettings(
             horizon_h=args.horizon,
             scaling=args.scaling,
@@ -85,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
             threads=threads,
             device=device,
         )
-        with tempfile.TemporaryDirectory(prefix="train-speed-") as out, built_with(activation):
+        with tempfile.TemporaryDirectory(prefix="train-speed-") as out, built_with(activation), logits_at(layer):
             started = time.perf_counter()
             result = train(
                 args.data / "telemetry.csv",
@@ -97,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
             wall = time.perf_counter() - started
         history = result.meta.training["history"]
         loop_s = float(history[-1]["seconds"]) if history else float("nan")
-        name = (f"{device} x{threads}" if device == "cpu" else device) + (f" {activation}" if activation else "")
+        name = f"{device} x{threads}" if device == "cpu" else device
+        name += "".join(f" {part}" for part in (activation, layer) if part)
         rows.append((name, loop_s, wall, result))
         print(f"  {rows[-1][0]}: loop {loop_s:.1f} s, train() {wall:.1f} s", flush=True)
     print(f"\nmodel: {rows[0][3].meta.parameters:,} parameters")
@@ -128,6 +139,30 @@ def built_with(activation: str) -> Iterator[None]:
         yield
     finally:
         GPT2Config.__init__ = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def logits_at(layer: str) -> Iterator[None]:
+    """``everywhere``: training and validation compute the logits at every position and index them, as before
+    2026-12-07 (the same losses); "" or ``where-read``: the model's own path (models.training.model.hidden_and_head)."""
+    if layer in ("", "where-read"):
+        yield
+        return
+    if layer != "everywhere":
+        raise SystemExit(f"--output-layer: {layer!r} is neither where-read nor everywhere")
+    import models.training.model as model_module
+    import models.training.train as train_module
+
+    def every_position(model: Any, input_ids: Any, attention_mask: Any, values: Any = None) -> tuple[Any, Any]:
+        extra = {} if values is None else {"values": values}
+        return model(input_ids=input_ids, attention_mask=attention_mask, **extra).logits, lambda logits: logits
+
+    original = model_module.hidden_and_head
+    model_module.hidden_and_head = train_module.hidden_and_head = every_position  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        model_module.hidden_and_head = train_module.hidden_and_head = original  # type: ignore[assignment]
 
 
 if __name__ == "__main__":

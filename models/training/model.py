@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -327,6 +327,39 @@ def model_config_dict(config: ModelConfig) -> dict[str, Any]:
 # --- scoring with torch -------------------------------------------------------------------------------------------
 
 
+def hidden_and_head(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    values: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """The model's last hidden states ``(B, L, C)`` and the output layer that turns any picked ones into logits.
+
+    Why: training and validation read logits at some positions only. Computing them at every position and indexing
+    the ``(B, L, V)`` result fills and copies tensors of that size in the backward pass: about a fifth of a training
+    step on one CPU thread (BENCHMARKS.md, "The output layer where the loss reads it"). ``head(hidden[rows, cols])``
+    is the model's ``logits[rows, cols]``. Our GPT-2 only (its forward is the transformer, then ``lm_head``); any
+    other model gives its logits and the identity.
+    """
+    if isinstance(model, GPT2LMHeadModel):
+        embeds = None
+        if values is not None and isinstance(model, ValueGPT2LMHeadModel):
+            embeds = model.embed(input_ids, values)
+        hidden = model.transformer(
+            input_ids=None if embeds is not None else input_ids,
+            inputs_embeds=embeds,
+            attention_mask=attention_mask,
+            use_cache=False,
+        ).last_hidden_state
+        return hidden, model.lm_head
+    extra = {} if values is None else {"values": values}
+    return model(input_ids=input_ids, attention_mask=attention_mask, **extra).logits, _same
+
+
+def _same(logits: torch.Tensor) -> torch.Tensor:
+    return logits
+
+
 @torch.no_grad()
 def last_logits(
     model: PreTrainedModel,
@@ -346,14 +379,14 @@ def last_logits(
     for i in range(0, len(sequences), batch_size):
         part = None if values is None else values[i : i + batch_size]
         batch = pack_sequences(sequences[i : i + batch_size], pad_id=pad_id, max_length=limit, values=part)
-        extra = {} if batch.values is None else {"values": torch.from_numpy(batch.values).to(model.device)}
-        logits = model(
-            input_ids=torch.from_numpy(batch.input_ids).to(model.device),
-            attention_mask=torch.from_numpy(batch.attention_mask).to(model.device),
-            **extra,
-        ).logits  # (B, L, V)
+        hidden, head = hidden_and_head(
+            model,
+            torch.from_numpy(batch.input_ids).to(model.device),
+            torch.from_numpy(batch.attention_mask).to(model.device),
+            None if batch.values is None else torch.from_numpy(batch.values).to(model.device),
+        )
         index = torch.from_numpy(batch.last_index).to(model.device)
-        out.append(logits[torch.arange(len(index), device=model.device), index].float().cpu().numpy())  # (B, V)
+        out.append(head(hidden[torch.arange(len(index), device=model.device), index]).float().cpu().numpy())  # (B, V)
     model.train(was_training)
     return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
 
