@@ -27,6 +27,7 @@ from models.training.model import (
     TorchScorer,
     build_model,
     count_parameters,
+    hidden_and_head,
     init_ordinal_embeddings,
     load_backbone,
     load_checkpoint,
@@ -459,6 +460,46 @@ def test_the_fused_gelu_computes_gpt2s_tanh_gelu() -> None:
     assert torch.allclose(fused.transformer.h[0].mlp.act(x), classic.transformer.h[0].mlp.act(x), atol=1e-6)
     erf_gelu = torch.nn.functional.gelu(x)
     assert not torch.allclose(fused.transformer.h[0].mlp.act(x), erf_gelu, atol=1e-6)  # the tanh GELU, not the erf
+
+
+@pytest.mark.parametrize("value_channel", [False, True])
+def test_the_output_layer_on_picked_hidden_states_gives_the_models_logits_there(value_channel: bool) -> None:
+    """Training and validation read logits where a loss reads them: ``head(hidden[rows, cols])`` must be the model's
+    own ``logits[rows, cols]``, with and without the value channel, padding and all; and a model that is not our
+    GPT-2 gives its logits and the identity, so a backbone still trains."""
+    torch.manual_seed(0)
+    model = build_model(
+        ModelConfig(vocab_size=40, n_positions=16, n_embd=16, n_head=2, n_layer=2, value_channel=value_channel)
+    ).eval()
+    ids = torch.randint(3, 40, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0  # right padding, as pack_sequences makes it
+    values = torch.randn(3, 12) if value_channel else None
+    extra = {} if values is None else {"values": values}
+    rows, cols = torch.tensor([0, 1, 2, 2]), torch.tensor([11, 6, 0, 5])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, **extra).logits
+        hidden, head = hidden_and_head(model, ids, mask, values)
+        picked = head(hidden[rows, cols])
+    assert hidden.shape == (3, 12, 16)
+    assert torch.allclose(picked, logits[rows, cols], atol=1e-6)
+    if value_channel:  # the values reach the hidden states: other values, other logits
+        with torch.no_grad():
+            other, _ = hidden_and_head(model, ids, mask, values + 1.0)
+        assert not torch.allclose(head(other[rows, cols]), picked, atol=1e-3)
+
+    class Wrapped(torch.nn.Module):  # any causal LM: ids + mask -> logits
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs: Any) -> Any:
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    with torch.no_grad():
+        whole, same = hidden_and_head(Wrapped(), ids, mask, values)
+    assert whole.shape == (3, 12, 40) and torch.equal(same(whole), whole)
+    assert torch.allclose(whole, logits, atol=1e-6)
 
 
 def test_model_config_rejects_a_bad_shape() -> None:
