@@ -403,7 +403,7 @@ def sequence_loss(
 
     input_ids = tensor(packed.input_ids)
     values_in = None if packed.values is None else tensor(packed.values)
-    # Logits only where a loss reads them (models.training.model.hidden_and_head): the same losses, a fifth faster.
+    # Logits only where a loss reads them (models.training.model.hidden_and_head): the same losses, no (B, L, V) tensor.
     hidden, head = hidden_and_head(model, input_ids, tensor(packed.attention_mask), values_in)  # (B, L, C)
     question = packed.last_index - 1 if feed_answer else packed.last_index  # where each horizon token sits
     rows = torch.arange(len(question), device=device)
