@@ -657,9 +657,11 @@ def test_every_model_config_field_reaches_the_model_and_nothing_else_does() -> N
     assert (built.config.n_embd, built.config.n_layer, built.config.n_head, built.config.n_positions) == (16, 1, 2, 24)
     assert built.config.resid_pdrop == built.config.embd_pdrop == built.config.attn_pdrop == base.dropout
     changed = {"vocab_size": 41, "n_positions": 25, "n_embd": 32, "n_layer": 2, "n_head": 4, "dropout": 0.2,
-               "pad_token_id": 5, "bos_token_id": 6, "value_channel": True}  # fmt: skip
+               "attention_dropout": 0.0, "pad_token_id": 5, "bos_token_id": 6, "value_channel": True}  # fmt: skip
     assert set(changed) == {f.name for f in dataclasses.fields(ModelConfig)}
     for name, value in changed.items():
         other = build_model(dataclasses.replace(base, **{name: value}))
         assert other.config.to_dict() != built.config.to_dict() or type(other) is not type(built), name
     assert isinstance(build_model(dataclasses.replace(base, value_channel=True)), ValueGPT2LMHeadModel)
+    no_attention_dropout = build_model(dataclasses.replace(base, attention_dropout=0.0)).config
+    assert (no_attention_dropout.attn_pdrop, no_attention_dropout.resid_pdrop) == (0.0, base.dropout)

@@ -58,6 +58,8 @@ class ModelConfig:
     n_layer: int = 2
     n_head: int = 2
     dropout: float = 0.1
+    attention_dropout: float | None = None
+    """Dropout on the attention weights; None: ``dropout``, as GPT-2 has it."""
     pad_token_id: int = 0
     bos_token_id: int = 2
     value_channel: bool = False
@@ -68,8 +70,10 @@ class ModelConfig:
         for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be positive")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+        for name in ("dropout", "attention_dropout"):
+            rate = getattr(self, name)
+            if rate is not None and not 0.0 <= rate < 1.0:
+                raise ValueError(f"{name}={rate} must be in [0, 1)")
 
 
 class ValueGPT2LMHeadModel(GPT2LMHeadModel):
@@ -119,9 +123,9 @@ def build_model(config: ModelConfig) -> GPT2LMHeadModel:
         n_head=config.n_head,
         pad_token_id=config.pad_token_id,
         bos_token_id=config.bos_token_id,
-        resid_pdrop=config.dropout,  # one rate for GPT-2's three
+        resid_pdrop=config.dropout,
         embd_pdrop=config.dropout,
-        attn_pdrop=config.dropout,
+        attn_pdrop=config.dropout if config.attention_dropout is None else config.attention_dropout,
         eos_token_id=None,
         tie_word_embeddings=True,
         # GPT-2's tanh GELU as one fused kernel: the same function as "gelu_new" (which builds it from eight tensor ops,

@@ -133,6 +133,7 @@ class TrainSettings(BaseModel):
     n_embd: Annotated[int, Field(ge=8)] = ModelConfig.n_embd
     n_head: Annotated[int, Field(ge=1)] = ModelConfig.n_head
     dropout: Annotated[float, Field(ge=0, lt=1)] = ModelConfig.dropout
+    attention_dropout: Annotated[float | None, Field(ge=0, lt=1)] = ModelConfig.attention_dropout
     backbone: Path | None = None
     # optimisation
     seed: int = 0
@@ -649,7 +650,7 @@ class TrainResult:
     risks without training again (``bench/quality_suite.py --keep-scores``)."""
 
 
-_ARCHITECTURE = {"n_layer", "n_embd", "n_head", "dropout", "value_channel"}
+_ARCHITECTURE = {"n_layer", "n_embd", "n_head", "dropout", "attention_dropout", "value_channel"}
 """The settings that :class:`ModelConfig` takes as they are, under the same names."""
 
 
