@@ -135,7 +135,10 @@ def train_command(
     backbone: Annotated[
         Path | None, typer.Option(help="A local Hugging Face causal-LM checkpoint folder to fine-tune instead.")
     ] = None,
-    threads: Annotated[int, typer.Option(min=1, max=256, help="CPU threads for torch.")] = 1,
+    threads: Annotated[
+        int | None,
+        typer.Option(min=1, max=256, help="CPU threads for torch (default: the cores it may use, at most 2)."),
+    ] = None,
     device: Annotated[
         str, typer.Option(help="Where training runs: cpu, cuda, cuda:N, or auto (a GPU when torch sees one).")
     ] = "cpu",
@@ -162,7 +165,7 @@ def train_command(
 
     from models.edge.tokenizer import TokenizerError
     from models.training.dataset import DatasetError, MachineSplit
-    from models.training.train import TrainSettings, describe, train
+    from models.training.train import TrainSettings, available_threads, describe, train
     from precursor.contracts.messages import ContractError
 
     horizon_h = _hours(horizon, "--horizon")
@@ -187,7 +190,7 @@ def train_command(
             n_embd=n_embd,
             n_head=n_head,
             backbone=backbone,
-            threads=threads,
+            threads=threads if threads is not None else available_threads(),
             device=device,
         )
         settings = TrainSettings(**{**given, **_settings_overrides(set_ or [])})

@@ -6,13 +6,17 @@ The reproduction: training, evaluation and the first set-up ran for minutes with
 from __future__ import annotations
 
 import io
+import json
+import os
 import re
 from pathlib import Path
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
 from models.training.progress import wanted
+from models.training.train import available_threads
 from precursor.models_cli import evaluate_command, train_command
 from tests.test_lm_training import write_tiny_fleet
 
@@ -52,6 +56,9 @@ def test_progress_goes_to_stderr_and_stdout_stays_the_same(tmp_path: Path) -> No
     for stage in ("reading the fleet", "cutting windows", "training (steps)", "10/10", "choosing the alert threshold"):
         assert stage in shown.stderr, shown.stderr
     assert "reading the fleet" not in plain.stderr
+    # No --threads: the cores this process may use, at most 2, recorded with the other settings.
+    recorded = json.loads((tmp_path / "plain" / "precursor.json").read_text())["training"]["threads"]
+    assert recorded == available_threads() == min(2, len(os.sched_getaffinity(0)))
 
     model = ["--model", str(tmp_path / "plain"), "--json"]
     evaluated = runner.invoke(app, ["evaluate", *common, *model])
@@ -61,3 +68,11 @@ def test_progress_goes_to_stderr_and_stdout_stays_the_same(tmp_path: Path) -> No
     assert evaluated_shown.stdout == evaluated.stdout == evaluated_quiet.stdout
     assert "scoring" in evaluated_shown.stderr and "baseline gradient-boosting" in evaluated_shown.stderr
     assert "scoring" not in evaluated_quiet.stderr and "scoring" not in evaluated.stderr
+
+
+def test_available_threads_are_the_cores_this_process_may_use_up_to_a_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    assert available_threads() == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert available_threads() == 2
+    assert available_threads(most=4) == 4

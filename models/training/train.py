@@ -28,8 +28,10 @@ The recipe (nanoGPT's habits, as importable functions rather than a script):
    By default the search is :data:`DEFAULT_SEARCH` (block slopes), where the data is small enough to pay for a second
    selection run (:func:`search_variants`).
 
-Torch uses ``threads`` CPU threads: 1 by default, at most 2. On a shared machine one thread is faster than two
-(two threads spin-wait on each other whenever the other is descheduled).
+Torch uses ``threads`` CPU threads, 1 by default: the quality suite's workers, the flows and the tests train beside
+other work, where a second thread spin-waits whenever its core is busy. ``precursor train`` on its own takes the
+cores it may use, at most 2 (:func:`available_threads`): on the 2-core box two threads ran FD004's 600 selection steps
+in 186 s against 282 s (BENCHMARKS.md, "Two threads for a training on its own").
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import copy
 import json
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -615,6 +618,16 @@ def fit_model(
     model.to("cpu")  # export, saving and the scorers downstream work on the CPU
     model.eval()
     return FitResult(model, best_step, best_metrics, history, time.monotonic() - started, settings.seed)
+
+
+def available_threads(most: int = 2) -> int:
+    """The torch threads for a training that has the machine to itself: the cores this process may run on, at most
+    ``most`` (a model this small gains little from more, BENCHMARKS.md "Training speed")."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(most, cores))
 
 
 def training_device(name: str) -> torch.device:
