@@ -622,7 +622,7 @@ def fit_model(
 
 def available_threads(most: int = 2) -> int:
     """The torch threads for a training that has the machine to itself: the cores this process may run on, at most
-    ``most`` (a model this small gains little from more, BENCHMARKS.md "Training speed")."""
+    ``most`` (2: what the 2-core box measured; whether more pays on a larger one is not measured)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
