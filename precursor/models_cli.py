@@ -96,12 +96,13 @@ def train_command(
     window: Annotated[str | None, typer.Option(help="Window length (default: the horizon).")] = None,
     every: Annotated[str, typer.Option(help="A window ends every this long, per machine.")] = "1h",
     scaling: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="machine: each machine scaled by its own training statistics (for predicting machines seen in "
-            "training); fleet: one scaling per sensor (for predicting new machines)."
+            "training); fleet: one scaling per sensor (for predicting new machines). Default: fleet with "
+            "--test-machines (the test machines are new), else machine."
         ),
-    ] = "machine",
+    ] = None,
     blocks: Annotated[int, typer.Option(min=1, max=32, help="Blocks a window is cut into.")] = 4,
     block_stats: Annotated[str, typer.Option(help="Statistics per block and sensor, comma-separated.")] = "mean",
     window_stats: Annotated[
@@ -169,6 +170,8 @@ def train_command(
     from precursor.contracts.messages import ContractError
 
     horizon_h = _hours(horizon, "--horizon")
+    if scaling is None:  # the split says it: machines held out for test are machines the model never saw
+        scaling = "fleet" if test_machines is not None else "machine"
     if scaling not in ("machine", "fleet"):
         raise typer.BadParameter(f"scaling={scaling!r}: choose machine or fleet", param_hint="--scaling")
     try:

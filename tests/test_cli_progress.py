@@ -57,8 +57,17 @@ def test_progress_goes_to_stderr_and_stdout_stays_the_same(tmp_path: Path) -> No
         assert stage in shown.stderr, shown.stderr
     assert "reading the fleet" not in plain.stderr
     # No --threads: the cores this process may use, at most 2, recorded with the other settings.
-    recorded = json.loads((tmp_path / "plain" / "precursor.json").read_text())["training"]["threads"]
-    assert recorded == available_threads() == min(2, len(os.sched_getaffinity(0)))
+    recorded = json.loads((tmp_path / "plain" / "precursor.json").read_text())["training"]
+    assert recorded["threads"] == available_threads() == min(2, len(os.sched_getaffinity(0)))
+    # No --scaling: each machine by its own statistics, unless machines are held out for test (new to the model:
+    # one scaling for the fleet).
+    assert recorded["tokenizer"]["scaling"] == "machine"
+    (tmp_path / "held.txt").write_text("m-04\n")
+    briefly = ["--max-steps", "1", "--set", "teacher_weight=0"]  # only the settings are read
+    held = ["--test-machines", str(tmp_path / "held.txt"), "--out", str(tmp_path / "held")]
+    trained = runner.invoke(app, ["train", *common, *SMALL, *briefly, *held])
+    assert trained.exit_code == 0, trained.output
+    assert json.loads((tmp_path / "held" / "precursor.json").read_text())["training"]["tokenizer"]["scaling"] == "fleet"
 
     model = ["--model", str(tmp_path / "plain"), "--json"]
     evaluated = runner.invoke(app, ["evaluate", *common, *model])

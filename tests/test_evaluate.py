@@ -284,6 +284,9 @@ def test_the_train_commands_defaults_are_the_training_settings_defaults() -> Non
         if name == "threads":  # where it runs, not what it learns: alone, the command takes the cores it may use
             assert given is None, "--threads defaults to available_threads()"
             continue
+        if name == "scaling":  # the split's: fleet for machines held out (--test-machines), else TrainSettings'
+            assert given is None and expected == "machine", "--scaling defaults to the split's"
+            continue
         if isinstance(expected, tuple):  # comma-separated on the command line
             given = tuple(part for part in given.split(",") if part)
         assert given == expected, f"--{name.replace('_', '-')} defaults to {given!r}, TrainSettings to {expected!r}"
