@@ -303,41 +303,6 @@ def test_context_reads_the_same_however_much_history_the_caller_keeps(fitted: Te
     assert "lastfail#a06" in recent  # 48-96 h ago
 
 
-def test_an_age_older_than_any_training_saw_reads_as_the_oldest_bin_it_saw(
-    fitted: TelemetryTokenizer, tmp_path
-) -> None:
-    # Training's bearings were last serviced 100 h before their windows (bin 07, 96-168 h) and no machine had failed:
-    # a part older than that reads as bin 07, whose embedding training moved, not as bin 11, which it never saw.
-    def serviced(hours: float, *more: tuple[float, str]) -> Window:
-        return make_window("m-1", seed=11, events=[(hours, "maintenance:bearing"), *more])
-
-    assert fitted.state.oldest_age_bins == (7, None)
-    old = serviced(2000.0)
-    assert "maint:bearing#a07" in fitted.tokens(old)
-    assert fitted.encode(old) == fitted.encode(serviced(100.0))
-    assert fitted.decode(fitted.encode(old)) == fitted.tokens(old)  # the fast path and the text path agree
-    assert "maint:bearing#a05" in fitted.tokens(serviced(30.0))  # younger than the oldest: its own bin
-    # The last failure had no known age in training: no cap, each age its own bin as before.
-    assert "lastfail#a06" in fitted.tokens(serviced(100.0, (50.0, "failure:bearing")))
-
-    fitted.save(tmp_path / "capped")
-    config = json.loads((tmp_path / "capped" / "tokenizer_config.json").read_text())
-    assert config["precursor_telemetry"]["oldest_age_bins"] == [7, None]
-    assert TelemetryTokenizer.load(tmp_path / "capped").encode(old) == fitted.encode(old)
-
-    # A tokenizer saved before the cap (no such key, its own hash) loads as it was: every age its own bin.
-    del config["precursor_telemetry"]["oldest_age_bins"], config["precursor_telemetry"]["content_hash"]
-    before = tmp_path / "before"
-    fitted.save(before)
-    (before / "tokenizer_config.json").write_text(json.dumps(config))
-    assert "maint:bearing#a11" in TelemetryTokenizer.load(before).tokens(old)
-
-    config["precursor_telemetry"]["oldest_age_bins"] = [99, None]
-    (before / "tokenizer_config.json").write_text(json.dumps(config))
-    with pytest.raises(TokenizerError, match="oldest_age_bins"):
-        TelemetryTokenizer.load(before)
-
-
 def test_daily_profile_takes_the_load_cycle_out() -> None:
     def cyclic(k: int, shift: float = 0.0) -> Window:
         end = END - timedelta(hours=k)

@@ -20,8 +20,7 @@ The sequence, oldest to newest::
 - Context tokens: static attributes (categorical values, or quantile bins for numeric ones; attributes constant in
   training are dropped, and so is any that would let the attribute tokens together single out fewer than
   ``ATTRIBUTE_MIN_MACHINES`` training machines), hours since the last maintenance of each part and since the last
-  failure within the lookback (log-spaced bins, none older than the oldest training saw: a fleet outlives its
-  training data), the most recent error codes before the window, and the hour of day.
+  failure within the lookback (log-spaced bins), the most recent error codes before the window, and the hour of day.
 - The sequence never exceeds ``max_length``: the fixed part (context, blocks, statistics) is checked at fit time;
   events and recent errors, which vary, are trimmed oldest first to fit.
 
@@ -37,7 +36,7 @@ ignored, so a caller may pass a longer buffer. The window's ``events`` should ho
 
 from __future__ import annotations
 
-import dataclasses
+import bisect
 import hashlib
 import json
 import math
@@ -177,11 +176,6 @@ class FittedState:
     attributes: tuple[AttributeCoding, ...]
     maintenance_parts: tuple[str, ...]
     error_codes: tuple[str, ...]
-    # The oldest age bin training saw, per maintained part (in order) and then for the last failure; None where it
-    # saw no known age. An older age reads as that bin: a bin training never saw has an embedding no gradient moved,
-    # and a fleet that runs on after training sees its parts grow older than any it trained on. None for the whole:
-    # a tokenizer saved before the cap, which reads every age into its own bin as it did.
-    oldest_age_bins: tuple[int | None, ...] | None = None
 
 
 class TelemetryTokenizer:
@@ -251,7 +245,6 @@ class TelemetryTokenizer:
                 (e.detail for w in windows for e in w.events if e.kind == "error" and e.detail), MAX_ERROR_CODES
             ),
         )
-        state = dataclasses.replace(state, oldest_age_bins=self._oldest_age_bins(windows, state.maintenance_parts))
         self._install(state)
         fixed = self.fixed_length
         if fixed > s.max_length:
@@ -261,28 +254,6 @@ class TelemetryTokenizer:
                 f"({s.blocks} blocks x {len(s.block_stats)} block_stats + {len(s.window_stats)} window_stats) plus "
                 f"context), more than max_length={s.max_length}: use fewer blocks or statistics, or a larger max_length"
             )
-
-    def _oldest_age_bins(self, windows: Sequence[Window], parts: Sequence[str]) -> tuple[int | None, ...]:
-        """The highest age bin among the training windows, per part and then for the last failure."""
-        s = self.settings
-        oldest: list[int | None] = [None] * (len(parts) + 1)
-        for w in windows:
-            context = window_context(w, window_h=s.window_h, blocks=s.blocks, event_lookback_h=s.event_lookback_h)
-            ages = [context.hours_since_maintenance.get(part) for part in parts] + [context.hours_since_failure]
-            for i, age in enumerate(ages):
-                if age is not None:
-                    b = _age_bin(age)
-                    top = oldest[i]
-                    oldest[i] = b if top is None else max(top, b)
-        return tuple(oldest)
-
-    def _age_bin_of(self, group: int, hours: float) -> int:
-        """``hours``' age bin, no older than the oldest training saw in ``group`` (a part's index, or the last
-        failure's: ``len(maintenance_parts)``)."""
-        b = _age_bin(hours)
-        caps = self.state.oldest_age_bins
-        top = None if caps is None else caps[group]
-        return b if top is None else min(b, top)
 
     def _fit_edges(
         self, windows: Sequence[Window], scaling: SensorScaling, outcomes: Sequence[str] | None
@@ -596,13 +567,14 @@ class TelemetryTokenizer:
         s, state, vocab = self.settings, self.state, self._vocab
         context = window_context(window, window_h=s.window_h, blocks=s.blocks, event_lookback_h=s.event_lookback_h)
         ids = [self._bos_id, *self._attributes_as_ids(window.attributes)]
-        for i, ((aged, never), part) in enumerate(zip(self._maintenance_ids, state.maintenance_parts, strict=True)):
+        for (aged, never), part in zip(self._maintenance_ids, state.maintenance_parts, strict=True):
             age = context.hours_since_maintenance.get(part)
-            ids.append(never if age is None else aged[self._age_bin_of(i, age)])
+            ids.append(never if age is None else aged[bisect.bisect_right(AGE_EDGES_H, age)])
         failure_age = context.hours_since_failure
-        last = len(state.maintenance_parts)
         ids.append(
-            self._lastfail_never if failure_age is None else self._lastfail_ids[self._age_bin_of(last, failure_age)]
+            self._lastfail_never
+            if failure_age is None
+            else self._lastfail_ids[bisect.bisect_right(AGE_EDGES_H, failure_age)]
         )
         ids.append(self._tod_ids[context.hour_of_day * HOUR_OF_DAY_BUCKETS // 24])
         if ages is not None:
@@ -730,12 +702,11 @@ class TelemetryTokenizer:
         context = window_context(window, window_h=s.window_h, blocks=s.blocks, event_lookback_h=s.event_lookback_h)
         head: list[str | int] = [BOS]
         head += [a.token(window.attributes.get(a.key)) for a in state.attributes]
-        for i, part in enumerate(state.maintenance_parts):
+        for part in state.maintenance_parts:
             age = context.hours_since_maintenance.get(part)
-            head.append(f"maint:{part}=never" if age is None else f"maint:{part}#a{self._age_bin_of(i, age):02d}")
+            head.append(f"maint:{part}=never" if age is None else f"maint:{part}#a{_age_bin(age):02d}")
         failure_age = context.hours_since_failure
-        last = len(state.maintenance_parts)
-        head.append("lastfail=never" if failure_age is None else f"lastfail#a{self._age_bin_of(last, failure_age):02d}")
+        head.append("lastfail=never" if failure_age is None else f"lastfail#a{_age_bin(failure_age):02d}")
         head.append(f"tod:{context.hour_of_day * HOUR_OF_DAY_BUCKETS // 24}")
 
         recent, events_by_block = self._event_tokens(context)
@@ -802,8 +773,6 @@ class TelemetryTokenizer:
                 ],
                 "maintenance_parts": list(state.maintenance_parts),
                 "error_codes": list(state.error_codes),
-                # Written only when fitted with the cap: a tokenizer saved before it keeps its bytes and hash.
-                **({} if state.oldest_age_bins is None else {"oldest_age_bins": list(state.oldest_age_bins)}),
             },
         }
 
@@ -873,7 +842,6 @@ class TelemetryTokenizer:
                 ),
                 maintenance_parts=tuple(data["maintenance_parts"]),
                 error_codes=tuple(data["error_codes"]),
-                oldest_age_bins=_age_caps(data.get("oldest_age_bins"), len(data["maintenance_parts"])),
             )
         except (ValidationError, KeyError, TypeError, ValueError) as err:
             raise TokenizerError(f"{config_path}: invalid tokenizer config: {err}") from None
@@ -945,20 +913,6 @@ def _weighted_edges(values: np.ndarray, weights: np.ndarray, bins: int) -> np.nd
 
 def _age_bin(hours: float) -> int:
     return int(np.searchsorted(AGE_EDGES_H, hours, side="right"))
-
-
-def _age_caps(saved: Any, parts: int) -> tuple[int | None, ...] | None:
-    """A saved ``oldest_age_bins``, checked: one bin (or null) per part and one for the last failure."""
-    if saved is None:
-        return None
-    top = len(AGE_EDGES_H)
-    if (
-        not isinstance(saved, list)
-        or len(saved) != parts + 1
-        or not all(b is None or (type(b) is int and 0 <= b <= top) for b in saved)
-    ):
-        raise ValueError(f"oldest_age_bins={saved!r}: expected {parts + 1} bins of 0-{top} or null")
-    return tuple(saved)
 
 
 def _clean(value: str) -> str:
