@@ -67,8 +67,9 @@ from models.training.dataset import (  # noqa: E402
     Fleet,
     LabeledWindow,
     MachineSplit,
+    ValidationSplit,
     choose_split,
-    machine_validation_split,
+    choose_validation_machines,
     outcome_counts,
     split_windows,
 )
@@ -297,12 +298,10 @@ def prepare(dataset: Dataset, datasets_dir: Path, work: Path, settings: TrainSet
         test_from_s = int(fleet.last_time_s - dataset.test_share * (fleet.last_time_s - first))
         test_from_s -= test_from_s % round(dataset.every_h * 3600)  # on a window boundary
         train_fleet = test_fleet = fleet
+    split: ValidationSplit
     if dataset.validation == "machines":
-        train, validation = machine_validation_split(
-            train_fleet,
-            spec,
-            fraction=settings.validation_fraction,
-            min_failures=settings.min_validation_failures,
+        split = choose_validation_machines(
+            train_fleet, fraction=settings.validation_fraction, min_failures=settings.min_validation_failures
         )
     else:
         split = choose_split(
@@ -312,8 +311,8 @@ def prepare(dataset: Dataset, datasets_dir: Path, work: Path, settings: TrainSet
             fraction=settings.validation_fraction,
             min_failures=settings.min_validation_failures,
         )
-        train, validation = split_windows(train_fleet, spec, split)
-        source["validation_split"] = split.to_json()
+    train, validation = split_windows(train_fleet, spec, split)
+    source["validation_split"] = split.to_json()
     from models.training.dataset import build_windows
 
     test = build_windows(test_fleet, spec, ends_from_s=test_from_s)

@@ -93,6 +93,15 @@ def train_command(
             "every run) or a file of machine ids; `precursor evaluate` then tests on them."
         ),
     ] = None,
+    validation: Annotated[
+        str | None,
+        typer.Option(
+            help="time: choose steps and the alert threshold on a period at the end of the data that holds its last "
+            "failures; machines: on a share of the training machines, kept out of training (for predicting new "
+            "machines, or data whose last period holds one class). Default: machines with --test-machines (the test "
+            "machines are new), else time."
+        ),
+    ] = None,
     window: Annotated[str | None, typer.Option(help="Window length (default: the horizon).")] = None,
     every: Annotated[str, typer.Option(help="A window ends every this long, per machine.")] = "1h",
     scaling: Annotated[
@@ -103,11 +112,25 @@ def train_command(
             "--test-machines (the test machines are new), else machine."
         ),
     ] = None,
-    blocks: Annotated[int, typer.Option(min=1, max=32, help="Blocks a window is cut into.")] = 4,
-    block_stats: Annotated[str, typer.Option(help="Statistics per block and sensor, comma-separated.")] = "mean",
+    blocks: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=32,
+            help="Blocks a window is cut into (default 4, fewer where the sensors would leave a sequence's fixed part "
+            "too little of --max-length; precursor.json says so under training.fitted_to_length).",
+        ),
+    ] = None,
+    block_stats: Annotated[
+        str | None, typer.Option(help="Statistics per block and sensor, comma-separated (default: mean).")
+    ] = None,
     window_stats: Annotated[
-        str, typer.Option(help="Statistics per sensor over the whole window, comma-separated (may be empty).")
-    ] = "slope,std",
+        str | None,
+        typer.Option(
+            help="Statistics per sensor over the whole window, comma-separated, may be empty (default: slope,std; "
+            "slope alone where one block of the sensors would not leave room)."
+        ),
+    ] = None,
     daily_profile: Annotated[
         bool,
         typer.Option(
@@ -161,7 +184,8 @@ def train_command(
     quiet: QuietOption = False,
     progress: ProgressOption = False,
 ) -> None:
-    """Train the telemetry language model; choose its alert threshold on a validation period at the end of the data."""
+    """Train the telemetry language model; choose its steps and alert threshold on validation data it does not learn
+    from (a period at the end, or a share of the machines), then refit on everything."""
     from pydantic import ValidationError
 
     from models.edge.tokenizer import TokenizerError
@@ -174,15 +198,16 @@ def train_command(
         scaling = "fleet" if test_machines is not None else "machine"
     if scaling not in ("machine", "fleet"):
         raise typer.BadParameter(f"scaling={scaling!r}: choose machine or fleet", param_hint="--scaling")
+    if validation is None:  # the same for validation: new machines, as the test will have
+        validation = "machines" if test_machines is not None else "time"
+    if validation not in ("time", "machines"):
+        raise typer.BadParameter(f"validation={validation!r}: choose time or machines", param_hint="--validation")
     try:
         given: dict[str, object] = dict(
             horizon_h=horizon_h,
             window_h=_hours(window, "--window") if window is not None else horizon_h,
             every_h=_hours(every, "--every"),
             scaling=scaling,
-            blocks=blocks,
-            block_stats=_stats(block_stats, "--block-stats"),
-            window_stats=_stats(window_stats, "--window-stats"),
             daily_profile=daily_profile,
             max_length=max_length,
             seed=seed,
@@ -196,6 +221,13 @@ def train_command(
             threads=threads if threads is not None else available_threads(),
             device=device,
         )
+        # Named only when given: TrainSettings' defaults, which training may shorten for a fleet of many sensors.
+        if blocks is not None:
+            given["blocks"] = blocks
+        if block_stats is not None:
+            given["block_stats"] = _stats(block_stats, "--block-stats")
+        if window_stats is not None:
+            given["window_stats"] = _stats(window_stats, "--window-stats")
         settings = TrainSettings(**{**given, **_settings_overrides(set_ or [])})
     except ValidationError as err:
         raise fail(f"invalid training settings: {err}", 1) from None
@@ -212,6 +244,7 @@ def train_command(
                 version=version,
                 progress=shown,
                 test_machines=MachineSplit.parse(test_machines) if test_machines is not None else None,
+                validation=validation,
             )
     except (DatasetError, TokenizerError, ContractError, FileNotFoundError, ValueError) as err:
         raise fail(str(err), 1) from None

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from models.edge.outcome import pack_sequences
 from models.edge.registry import CONFIG_FILE
 from models.edge.signing import generate_keypair
-from models.edge.tokenizer import TelemetryTokenizer
+from models.edge.tokenizer import SequenceTooLongError, TelemetryTokenizer, fixed_length_of
 from models.training.dataset import Fleet, WindowSpec, build_windows, choose_split, split_windows
 from models.training.evaluate import average_precision
 from models.training.model import (
@@ -34,14 +34,17 @@ from models.training.model import (
 )
 from models.training.train import (
     DEFAULT_SEARCH,
+    EVENT_ROOM,
     EncodedWindows,
     TrainResult,
     TrainSettings,
     auxiliary_targets,
+    fitted_tokenizer,
     hide_readings,
     outcome_nll,
     search_variants,
     sequence_loss,
+    tokenizer_that_fits,
     train,
     training_device,
 )
@@ -665,3 +668,69 @@ def test_every_model_config_field_reaches_the_model_and_nothing_else_does() -> N
     assert isinstance(build_model(dataclasses.replace(base, value_channel=True)), ValueGPT2LMHeadModel)
     no_attention_dropout = build_model(dataclasses.replace(base, attention_dropout=0.0)).config
     assert (no_attention_dropout.attn_pdrop, no_attention_dropout.resid_pdrop) == (0.0, base.dropout)
+
+
+def test_a_fleet_of_many_sensors_gets_fewer_blocks_instead_of_an_error(tiny_fleet: dict[str, Path]) -> None:
+    """Blocks are a default, not a fact of the data: where the sensors make a sequence's fixed part longer than
+    max_length, training cuts windows into the most blocks that leave room for events, and says so."""
+    fleet = Fleet.load(tiny_fleet["telemetry"], tiny_fleet["events"], tiny_fleet["machines"])
+    windows = build_windows(fleet, WindowSpec(window_h=12, horizon_h=12))[:300]
+    base = {k: v for k, v in TINY.items() if k != "max_length"}
+    full = TelemetryTokenizer(TrainSettings(**base).tokenizer)
+    full.fit([w.window for w in windows])
+    assert full.settings.blocks == 4
+    max_length = full.fixed_length - 1  # four blocks no longer fit
+    settings = TrainSettings(**base, max_length=max_length)
+    with pytest.raises(SequenceTooLongError) as raised:
+        fitted_tokenizer(settings, windows)
+    sensors, context = raised.value.sensors, raised.value.context
+    assert fixed_length_of(sensors, context, full.settings) == full.fixed_length
+
+    changed, tokenizer, record = tokenizer_that_fits(settings, windows)
+    room = max_length - min(EVENT_ROOM, max_length // 4)  # what is left for the fixed part
+    chosen = changed.tokenizer.blocks
+    assert record == {"sensors": sensors, "fixed_length": tokenizer.fixed_length, "blocks": chosen}
+    assert 1 <= chosen < 4 and tokenizer.settings.blocks == chosen and tokenizer.fixed_length <= room
+    one_more = changed.tokenizer.model_copy(update={"blocks": chosen + 1})
+    assert chosen == 3 or fixed_length_of(sensors, context, one_more) > room  # the most blocks that fit
+    assert changed.model_copy(update={"tokenizer": settings.tokenizer}) == settings  # nothing else changed
+
+    # At one block, one window statistic; where even that does not fit, the error stands.
+    one_block = fixed_length_of(sensors, context, settings.tokenizer.model_copy(update={"blocks": 1}))
+
+    def room_of(length: int) -> int:
+        return length - min(EVENT_ROOM, length // 4)
+
+    tight = next(m for m in range(8, 4 * one_block) if room_of(m) >= one_block - sensors)  # one statistic less fits
+    assert room_of(tight) < one_block
+    changed, tokenizer, record = tokenizer_that_fits(TrainSettings(**base, max_length=tight), windows)
+    assert record is not None and record["blocks"] == 1 and record["window_stats"] == ("slope",)
+    assert changed.tokenizer.window_stats == ("slope",) and tokenizer.fixed_length == one_block - sensors
+    with pytest.raises(SequenceTooLongError):
+        tokenizer_that_fits(TrainSettings(**base, max_length=one_block - sensors - 1), windows)
+    # Blocks named are kept: the error names the fix.
+    with pytest.raises(SequenceTooLongError, match="use fewer blocks"):
+        tokenizer_that_fits(TrainSettings(**base, max_length=max_length, blocks=4), windows)
+    # Where four blocks fit, nothing changes.
+    assert tokenizer_that_fits(TrainSettings(**base), windows)[2] is None
+
+
+def test_a_model_trained_with_fewer_blocks_scores_at_the_edge_with_them(
+    tiny_fleet: dict[str, Path], tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    base = {k: v for k, v in TINY.items() if k not in ("max_length", "max_steps", "eval_every")}
+    max_length = TelemetryTokenizer.load(tiny_checkpoint).fixed_length - 1
+    settings = TrainSettings(**base, max_length=max_length, max_steps=10, eval_every=5)
+    result, keys = train_signed(tiny_fleet, settings, tmp_path)
+    recorded = json.loads((tmp_path / "artifact" / CONFIG_FILE).read_text())["training"]
+    blocks = recorded["fitted_to_length"]["blocks"]
+    assert blocks < 4 and recorded["tokenizer"]["blocks"] == blocks
+    from models.edge.runtime import LMScorer  # the edge's path: the signature first, then the int8 graph
+    from models.edge.signing import load_public_keys
+
+    scorer = LMScorer.load(tmp_path / "artifact", load_public_keys(keys / "precursor.pub"))
+    fleet = Fleet.load(tiny_fleet["telemetry"], tiny_fleet["events"], tiny_fleet["machines"])
+    window = build_windows(fleet, WindowSpec(window_h=12, horizon_h=12))[-1].window
+    risk = scorer.score(window)
+    assert risk and all(0.0 <= p <= 1.0 for p in risk.values())
+    assert TelemetryTokenizer.load(result.checkpoint_dir).settings.blocks == blocks

@@ -7,17 +7,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import typer
 
 from models.training.dataset import (
     DatasetError,
     Fleet,
     LabeledWindow,
     MachineSplit,
+    MachineValidation,
     WindowSpec,
     build_windows,
     choose_split,
-    machine_validation_split,
+    choose_validation_machines,
     outcome_counts,
+    split_from_json,
     split_windows,
 )
 from precursor.simulator import FleetConfig, write_fleet
@@ -91,15 +94,35 @@ def test_a_split_fleet_loses_nothing_and_shares_no_machine(fleet: Fleet) -> None
 
 def test_validation_by_machine_holds_failures_on_machines_training_never_sees(fleet: Fleet) -> None:
     spec = WindowSpec(window_h=12, horizon_h=12)
-    train, validation = machine_validation_split(fleet, spec, fraction=0.2, min_failures=3)
+    split = choose_validation_machines(fleet, fraction=0.2, min_failures=3)
+    train, validation = split_windows(fleet, spec, split)
     train_machines = {w.window.machine_id for w in train}
     validation_machines = {w.window.machine_id for w in validation}
-    assert train_machines.isdisjoint(validation_machines)
+    assert train_machines.isdisjoint(validation_machines) and validation_machines <= split.machines
     failed_machines = {w.window.machine_id for w in validation if w.failed}
     assert len({(w.window.machine_id, w.hours_to_failure + w.end_s / 3600) for w in validation if w.failed}) >= 3
     assert failed_machines and any(w.failed for w in train)
+    assert len(train) + len(validation) == len(build_windows(fleet, spec))  # every window, on one side
+    assert split_from_json(json.loads(json.dumps(split.to_json()))) == split
     with pytest.raises(DatasetError, match="validation share needs 500"):
-        machine_validation_split(fleet, spec, min_failures=500)
+        choose_validation_machines(fleet, min_failures=500)
+
+
+def test_validation_by_machine_ends_where_training_data_ends(fleet: Fleet) -> None:
+    """``--until`` with validation by machine: no window of either side ends after it, and no label knows later."""
+    spec = WindowSpec(window_h=12, horizon_h=12)
+    first = int(fleet.table.timestamps.min())
+    until = first + (fleet.last_time_s - first) // 2
+    split = choose_validation_machines(fleet, until_s=until, fraction=0.2, min_failures=1)
+    assert split.until_s == until
+    train, validation = split_windows(fleet, spec, split)
+    assert train and validation
+    for w in [*train, *validation]:
+        assert w.end_s < until
+        assert not w.failed or w.end_s + w.hours_to_failure * 3600 < until
+        assert w.failed or w.end_s + 12 * 3600 <= until
+    failures_before = {f.machine_id for f in fleet.failures() if f.time_s < until}
+    assert {w.window.machine_id for w in validation if w.failed} <= failures_before & split.machines
 
 
 def test_train_and_evaluate_with_test_machines_never_train_on_the_machines_they_test(
@@ -131,7 +154,11 @@ def test_train_and_evaluate_with_test_machines_never_train_on_the_machines_they_
     assert 0 < len(held) < len(fleet.machine_ids)
     spec = WindowSpec(window_h=12, horizon_h=12, event_lookback_h=12 + 72)
     kept = fleet.only(lambda m: m not in held)
-    training, validation = split_windows(kept, spec, choose_split(kept, 12))
+    # Test machines are new to the model, so by default it validates on training machines held out the same way.
+    by_machine = choose_validation_machines(kept)
+    assert split_from_json(meta.data["split"]) == by_machine
+    training, validation = split_windows(kept, spec, by_machine)
+    assert not {w.window.machine_id for w in training} & by_machine.machines
     assert meta.data["training_windows"] == outcome_counts(training)
     assert meta.data["validation_windows"] == outcome_counts(validation)
     assert not {w.window.machine_id for w in [*training, *validation]} & held
@@ -141,3 +168,22 @@ def test_train_and_evaluate_with_test_machines_never_train_on_the_machines_they_
     tested = machine_windows(fleet.only(lambda m: m in held), spec)
     assert report["model"]["windows"] == len(tested)  # every window of the held-out machines, and nothing else
     assert report["baselines"]["gradient-boosting"]["windows"] == len(tested)
+
+
+def test_validation_by_time_can_still_be_asked_for_with_test_machines(
+    tmp_path: Path, fleet_files: dict[str, Path]
+) -> None:
+    from models.training.model import read_meta
+    from precursor.models_cli import train_command
+
+    files = {name: fleet_files[name] for name in ("telemetry", "events", "machines")}
+    small = dict(horizon="12h", test_machines="0.3", max_steps=2, n_layer=1, n_embd=16, n_head=2, max_length=64)
+    train_command(**files, out=tmp_path / "model", validation="time", quiet=True, **small)  # type: ignore[arg-type]
+    meta = read_meta(tmp_path / "model")
+    kept = Fleet.load(*files.values()).only(lambda m: not MachineSplit.parse("0.3").holds_out(m))
+    by_time = choose_split(kept, 12)
+    assert split_from_json(meta.data["split"]) == by_time and not isinstance(by_time, MachineValidation)
+    spec = WindowSpec(window_h=12, horizon_h=12, event_lookback_h=12 + 72)
+    assert meta.data["validation_windows"] == outcome_counts(split_windows(kept, spec, by_time)[1])
+    with pytest.raises(typer.BadParameter, match="choose time or machines"):
+        train_command(**files, out=tmp_path / "other", validation="engines", quiet=True, **small)  # type: ignore[arg-type]

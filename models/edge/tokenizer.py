@@ -98,6 +98,25 @@ class TokenizerError(ValueError):
     """A tokenizer that cannot be fitted, saved or loaded as asked; the text says which setting or file is wrong."""
 
 
+class SequenceTooLongError(TokenizerError):
+    """The fixed part of a sequence is longer than ``max_length``: ``sensors`` informative sensors and ``context``
+    tokens of machine context (begin, attributes, parts, last failure, time of day), so a caller can work out which
+    other settings would fit (:func:`fixed_length_of`)."""
+
+    def __init__(self, message: str, *, sensors: int, context: int) -> None:
+        super().__init__(message)
+        self.sensors = sensors
+        self.context = context
+
+
+def fixed_length_of(sensors: int, context: int, s: TokenizerSettings) -> int:
+    """Tokens every sequence has under settings ``s``: the context, each block's marker and statistics, the window's
+    marker and statistics, and the horizon token; what ``max_length`` leaves goes to events and errors."""
+    body = s.blocks * (1 + sensors * len(s.block_stats)) if s.block_stats else 0
+    trend = 1 + sensors * len(s.window_stats) if s.window_stats else 0
+    return context + body + trend + 1
+
+
 class TokenizerSettings(BaseModel):
     """What a tokenizer is asked to do. Everything it learns from data is kept apart, in the fitted state."""
 
@@ -248,11 +267,15 @@ class TelemetryTokenizer:
         self._install(state)
         fixed = self.fixed_length
         if fixed > s.max_length:
+            context = self._context_length()
             self._state, self._hf, self._vocab = None, None, {}  # not a usable tokenizer: stay unfitted
-            raise TokenizerError(
+            raise SequenceTooLongError(
                 f"the fixed part of a sequence is {fixed} tokens ({len(informative)} sensors x "
                 f"({s.blocks} blocks x {len(s.block_stats)} block_stats + {len(s.window_stats)} window_stats) plus "
-                f"context), more than max_length={s.max_length}: use fewer blocks or statistics, or a larger max_length"
+                f"context), more than max_length={s.max_length}: use fewer blocks or statistics, or a larger "
+                "max_length",
+                sensors=len(informative),
+                context=context,
             )
 
     def _fit_edges(
@@ -463,12 +486,11 @@ class TelemetryTokenizer:
     def fixed_length_under(self, s: TokenizerSettings) -> int:
         """:attr:`fixed_length` under other settings (blocks, statistics) over the sensors and context fitted here:
         whether another tokenizer of the same windows would fit ``max_length``, without fitting it."""
+        return fixed_length_of(len(self.state.scaling.sensors), self._context_length(), s)
+
+    def _context_length(self) -> int:
         state = self.state
-        n = len(state.scaling.sensors)
-        context = 1 + len(state.attributes) + len(state.maintenance_parts) + 1 + 1  # bos, attrs, parts, lastfail, tod
-        body = s.blocks * (1 + n * len(s.block_stats)) if s.block_stats else 0
-        trend = 1 + n * len(s.window_stats) if s.window_stats else 0
-        return context + body + trend + 1  # + horizon
+        return 1 + len(state.attributes) + len(state.maintenance_parts) + 1 + 1  # bos, attrs, parts, lastfail, tod
 
     def encode(self, window: Window) -> list[int]:
         """The window as token ids, at most ``max_length`` long, ending with the horizon token.

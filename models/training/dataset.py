@@ -17,7 +17,9 @@ retrain flow holds them (:func:`split_for_validation`).
 
 Machine splits, for fleets where time cannot separate the periods (a test set of machines never seen in training):
 :class:`MachineSplit` holds out a share of machines chosen by a hash of their id (the same machines on every run and
-every computer, whatever order the files list them in), or the machines a file lists.
+every computer, whatever order the files list them in), or the machines a file lists. A model for new machines is
+validated on new machines too (:func:`choose_validation_machines`, another hash): a share of the training machines
+whose windows the selection run never learns from.
 
 >>> split = MachineSplit.parse("0.3")
 >>> held = [m for m in (f"drive-{i}" for i in range(1000)) if split.holds_out(m)]
@@ -286,8 +288,17 @@ def choose_split(
     return TimeSplit(validation_from_s=validation_from, until_s=until)
 
 
-def split_windows(fleet: Fleet, spec: WindowSpec, split: TimeSplit) -> tuple[list[LabeledWindow], list[LabeledWindow]]:
-    """(training, validation) windows; training labels are known by the validation start, so nothing leaks."""
+def split_windows(
+    fleet: Fleet, spec: WindowSpec, split: ValidationSplit
+) -> tuple[list[LabeledWindow], list[LabeledWindow]]:
+    """(training, validation) windows; training labels are known by the validation start, so nothing leaks. Split by
+    machine, both sides end before ``until_s`` and share its labels: no machine is on both sides."""
+    if isinstance(split, MachineValidation):
+        every = build_windows(fleet, spec, ends_before_s=split.until_s, labels_until_s=split.until_s)
+        return (
+            [w for w in every if w.window.machine_id not in split.machines],
+            [w for w in every if w.window.machine_id in split.machines],
+        )
     train = build_windows(fleet, spec, ends_before_s=split.validation_from_s, labels_until_s=split.validation_from_s)
     validation = build_windows(
         fleet, spec, ends_from_s=split.validation_from_s, ends_before_s=split.until_s, labels_until_s=split.until_s
@@ -393,26 +404,55 @@ class MachineSplit:
         return train.only(lambda m: not self.holds_out(m)), test.only(self.holds_out)
 
 
-def machine_validation_split(
-    fleet: Fleet, spec: WindowSpec, *, fraction: float = 0.2, min_failures: int = 3, salt: str = "validation"
-) -> tuple[list[LabeledWindow], list[LabeledWindow]]:
-    """(training, validation) windows with validation on a share of machines (by :func:`machine_share`), for fleets
-    where a validation period at the end would hold only one class (every healthy machine seen only at the end).
+@dataclass(frozen=True)
+class MachineValidation:
+    """Validation on a share of the machines, training on the others: every window of each that ends before
+    ``until_s``, labelled with what was known by then. For fleets whose test machines are new to the model, and where a
+    period at the end would hold one class only (every healthy drive seen only at the end of the year)."""
 
-    The share grows past ``fraction`` until the validation machines hold at least ``min_failures`` failures.
-    """
-    failing = {f.machine_id for f in fleet.failures()}
+    machines: frozenset[str]
+    until_s: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"validation_machines": sorted(self.machines), "until": _iso(self.until_s)}
+
+
+ValidationSplit = TimeSplit | MachineValidation
+"""How training and validation windows are told apart: by time, or by machine."""
+
+
+def split_from_json(data: dict[str, object]) -> ValidationSplit:
+    """The split a model's ``precursor.json`` records (``data.split``), so evaluation cuts the same windows."""
+    until = parse_time(str(data["until"]))
+    if "validation_machines" in data:
+        machines = data["validation_machines"]
+        assert isinstance(machines, list)
+        return MachineValidation(machines=frozenset(str(m) for m in machines), until_s=until)
+    return TimeSplit(validation_from_s=parse_time(str(data["validation_from"])), until_s=until)
+
+
+def choose_validation_machines(
+    fleet: Fleet,
+    *,
+    until_s: int | None = None,
+    fraction: float = 0.2,
+    min_failures: int = 3,
+    salt: str = "validation",
+) -> MachineValidation:
+    """A share of the machines (by :func:`machine_share`) for validation, grown past ``fraction`` until they hold at
+    least ``min_failures`` failures before ``until_s``; the other machines must keep one to learn from."""
+    until = fleet.last_time_s + 1 if until_s is None else until_s
+    failing = {f.machine_id for f in fleet.failures() if f.time_s < until}
     shares = sorted(fleet.machine_ids, key=lambda m: machine_share(m, salt))
     cut = max(1, round(fraction * len(shares)))
     while sum(1 for m in shares[:cut] if m in failing) < min_failures and cut < len(shares):
         cut += 1
-    held = set(shares[:cut])
-    if sum(1 for m in held if m in failing) < min_failures or not set(failing) - held:
+    held = frozenset(shares[:cut])
+    if sum(1 for m in held if m in failing) < min_failures or not failing - held:
         raise DatasetError(
             f"{len(failing)} machine(s) with failures: a validation share needs {min_failures} and training one more"
         )
-    every = build_windows(fleet, spec)
-    return [w for w in every if w.window.machine_id not in held], [w for w in every if w.window.machine_id in held]
+    return MachineValidation(machines=held, until_s=until)
 
 
 def outcome_counts(windows: Sequence[LabeledWindow]) -> dict[str, int]:

@@ -42,10 +42,10 @@ from models.training.dataset import (
     Fleet,
     LabeledWindow,
     MachineSplit,
-    TimeSplit,
     WindowSpec,
     build_windows,
     parse_time,
+    split_from_json,
     split_windows,
 )
 from models.training.progress import NO_PROGRESS, Progress
@@ -394,10 +394,7 @@ def evaluate(
 
     progress.stage("reading the training and test fleets")
     train_fleet = Fleet.load(meta.data["telemetry"], meta.data.get("events"), meta.data.get("machines"))
-    split = TimeSplit(
-        validation_from_s=parse_time(meta.data["split"]["validation_from"]),
-        until_s=parse_time(meta.data["split"]["until"]),
-    )
+    split = split_from_json(meta.data["split"])
     test_fleet = Fleet.load(telemetry, events, machines)
     if test_machines is None and "test_machines" in meta.data:  # a model trained with a machine split
         test_machines = MachineSplit.from_json(meta.data["test_machines"])

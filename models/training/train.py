@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -65,14 +65,16 @@ from models.edge.calibration import (
     reliability_bins,
 )
 from models.edge.outcome import outcome_probabilities, pack_sequences
-from models.edge.tokenizer import TelemetryTokenizer, TokenizerSettings
+from models.edge.tokenizer import SequenceTooLongError, TelemetryTokenizer, TokenizerSettings, fixed_length_of
 from models.training.dataset import (
     DatasetError,
     Fleet,
     LabeledWindow,
     MachineSplit,
+    ValidationSplit,
     WindowSpec,
     choose_split,
+    choose_validation_machines,
     outcome_counts,
     split_windows,
 )
@@ -800,6 +802,50 @@ def fitted_tokenizer(settings: TrainSettings, train_windows: Sequence[LabeledWin
     return tokenizer
 
 
+EVENT_ROOM = 32
+"""Tokens a sequence keeps for events and errors when training cuts a window into fewer blocks to fit ``max_length``
+(the error-code fleets' sequences carry up to about this many)."""
+
+
+def tokenizer_that_fits(
+    settings: TrainSettings, train_windows: Sequence[LabeledWindow]
+) -> tuple[TrainSettings, TelemetryTokenizer, dict[str, Any] | None]:
+    """(settings, their tokenizer fitted on the training windows, what was changed or None).
+
+    Where the data's sensors make the fixed part of a sequence longer than ``max_length`` (four blocks of 47 sensors
+    are 298 tokens), and the settings did not name ``blocks``, the window is cut into the most blocks that leave
+    :data:`EVENT_ROOM` tokens for events; at one block, one window statistic (the slope) if ``window_stats`` was not
+    named either. The block count is a default, not a fact of the data: a fleet with dozens of metrics should train, not
+    stop at "use fewer blocks". Named settings are kept, and a sequence that does not fit them fails as before.
+    """
+    try:
+        return settings, fitted_tokenizer(settings, train_windows), None
+    except SequenceTooLongError as err:
+        given = settings.tokenizer.model_fields_set
+        if "blocks" in given:
+            raise
+        tried: list[dict[str, Any]] = [{"blocks": b} for b in range(settings.tokenizer.blocks - 1, 0, -1)]
+        if "window_stats" not in given and len(settings.tokenizer.window_stats) > 1:
+            tried.append({"blocks": 1, "window_stats": settings.tokenizer.window_stats[:1]})
+        room = settings.tokenizer.max_length - min(EVENT_ROOM, settings.tokenizer.max_length // 4)
+        for overrides in tried:
+            shorter = settings.tokenizer.model_copy(update=overrides)
+            fixed = fixed_length_of(err.sensors, err.context, shorter)
+            if fixed <= room:
+                changed = settings.model_copy(update={"tokenizer": shorter})
+                log.info(
+                    "%d sensors: %s, so a sequence's fixed part is %d tokens of max_length %d (%s)",
+                    err.sensors,
+                    ", ".join(f"{k} {list(v) if isinstance(v, tuple) else v}" for k, v in overrides.items()),
+                    fixed,
+                    shorter.max_length,
+                    err,
+                )
+                record = {"sensors": err.sensors, "fixed_length": fixed, **overrides}
+                return changed, fitted_tokenizer(changed, train_windows), record
+        raise
+
+
 @dataclass(frozen=True)
 class Candidate:
     """Settings a search trains: the ones given, with ``overrides`` (setting names and values) applied."""
@@ -1088,13 +1134,12 @@ def train_on_windows(
             raise DatasetError(f"the {name} period needs both ok and failed windows, has {counts or 'none'}")
     log.info("windows: training %s, validation %s", outcome_counts(train_windows), outcome_counts(validation_windows))
 
-    first_tokenizer: TelemetryTokenizer | None = None
     gate: dict[str, Any] | None = None
-    if settings.search is None:  # the default search: whether it runs depends on the sequence the data makes
-        progress.stage("tokenizing windows")
-        first_tokenizer = fitted_tokenizer(settings, train_windows)
+    progress.stage("tokenizing windows")
+    # Whether the default search runs depends on the sequence the data makes, and so may the number of blocks.
+    settings, first_tokenizer, fitted_to_length = tokenizer_that_fits(settings, train_windows)
     variants = search_variants(settings, first_tokenizer)
-    if first_tokenizer is not None:
+    if settings.search is None:
         gate = {
             "fixed_length": first_tokenizer.fixed_length,
             "search_max_length": settings.search_max_length,
@@ -1122,6 +1167,8 @@ def train_on_windows(
     meta.training["cpu_s"] = round(time.process_time() - cpu_started, 1)  # every candidate's: the flow view's cost
     if gate is not None:
         meta.training["default_search"] = gate
+    if fitted_to_length is not None:
+        meta.training["fitted_to_length"] = fitted_to_length
     if len(candidates) > 1:
         meta.training["search_results"] = [
             {
@@ -1170,10 +1217,13 @@ def train(
     version: str | None = None,
     progress: Progress = NO_PROGRESS,
     test_machines: MachineSplit | None = None,
+    validation: Literal["time", "machines"] = "time",
 ) -> TrainResult:
-    """The whole of ``precursor train``: read the files, split in time, then :func:`train_on_windows`.
+    """The whole of ``precursor train``: read the files, split, then :func:`train_on_windows`.
 
-    The machines ``test_machines`` holds out take no part in training or validation.
+    The machines ``test_machines`` holds out take no part in training or validation. ``validation``: ``time``
+    validates on a period at the end of the data that holds its last failures; ``machines`` on a share of the
+    machines, for a model that will predict machines it never saw (and data whose last period holds one class).
     """
     from models.training.dataset import parse_time
 
@@ -1182,13 +1232,23 @@ def train(
     fleet = Fleet.load(telemetry, events, machines)
     if test_machines is not None:
         fleet = fleet.only(lambda m: not test_machines.holds_out(m))
-    split = choose_split(
-        fleet,
-        settings.horizon_h,
-        until_s=parse_time(until) if until is not None else None,
-        fraction=settings.validation_fraction,
-        min_failures=settings.min_validation_failures,
-    )
+    until_s = parse_time(until) if until is not None else None
+    split: ValidationSplit
+    if validation == "machines":
+        split = choose_validation_machines(
+            fleet,
+            until_s=until_s,
+            fraction=settings.validation_fraction,
+            min_failures=settings.min_validation_failures,
+        )
+    else:
+        split = choose_split(
+            fleet,
+            settings.horizon_h,
+            until_s=until_s,
+            fraction=settings.validation_fraction,
+            min_failures=settings.min_validation_failures,
+        )
     progress.stage("cutting windows")
     train_windows, validation_windows = split_windows(fleet, settings.window_spec(), split)
     result = train_on_windows(
