@@ -67,9 +67,7 @@ from models.training.dataset import (  # noqa: E402
     Fleet,
     LabeledWindow,
     MachineSplit,
-    ValidationSplit,
-    choose_split,
-    choose_validation_machines,
+    choose_validation,
     outcome_counts,
     split_windows,
 )
@@ -298,19 +296,14 @@ def prepare(dataset: Dataset, datasets_dir: Path, work: Path, settings: TrainSet
         test_from_s = int(fleet.last_time_s - dataset.test_share * (fleet.last_time_s - first))
         test_from_s -= test_from_s % round(dataset.every_h * 3600)  # on a window boundary
         train_fleet = test_fleet = fleet
-    split: ValidationSplit
-    if dataset.validation == "machines":
-        split = choose_validation_machines(
-            train_fleet, fraction=settings.validation_fraction, min_failures=settings.min_validation_failures
-        )
-    else:
-        split = choose_split(
-            train_fleet,
-            settings.horizon_h,
-            until_s=test_from_s,
-            fraction=settings.validation_fraction,
-            min_failures=settings.min_validation_failures,
-        )
+    split = choose_validation(
+        train_fleet,
+        dataset.validation,
+        settings.horizon_h,
+        until_s=test_from_s,
+        fraction=settings.validation_fraction,
+        min_failures=settings.min_validation_failures,
+    )
     train, validation = split_windows(train_fleet, spec, split)
     source["validation_split"] = split.to_json()
     from models.training.dataset import build_windows

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -453,6 +454,22 @@ def choose_validation_machines(
             f"{len(failing)} machine(s) with failures: a validation share needs {min_failures} and training one more"
         )
     return MachineValidation(machines=held, until_s=until)
+
+
+def choose_validation(
+    fleet: Fleet,
+    by: Literal["time", "machines"],
+    horizon_h: float,
+    *,
+    until_s: int | None = None,
+    fraction: float = 0.2,
+    min_failures: int = 3,
+) -> ValidationSplit:
+    """The validation split ``by`` asks for: a period at the end (:func:`choose_split`) or a share of the machines
+    (:func:`choose_validation_machines`), each holding at least ``min_failures`` failures before ``until_s``."""
+    if by == "machines":
+        return choose_validation_machines(fleet, until_s=until_s, fraction=fraction, min_failures=min_failures)
+    return choose_split(fleet, horizon_h, until_s=until_s, fraction=fraction, min_failures=min_failures)
 
 
 def outcome_counts(windows: Sequence[LabeledWindow]) -> dict[str, int]:

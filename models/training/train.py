@@ -71,10 +71,8 @@ from models.training.dataset import (
     Fleet,
     LabeledWindow,
     MachineSplit,
-    ValidationSplit,
     WindowSpec,
-    choose_split,
-    choose_validation_machines,
+    choose_validation,
     outcome_counts,
     split_windows,
 )
@@ -1232,23 +1230,14 @@ def train(
     fleet = Fleet.load(telemetry, events, machines)
     if test_machines is not None:
         fleet = fleet.only(lambda m: not test_machines.holds_out(m))
-    until_s = parse_time(until) if until is not None else None
-    split: ValidationSplit
-    if validation == "machines":
-        split = choose_validation_machines(
-            fleet,
-            until_s=until_s,
-            fraction=settings.validation_fraction,
-            min_failures=settings.min_validation_failures,
-        )
-    else:
-        split = choose_split(
-            fleet,
-            settings.horizon_h,
-            until_s=until_s,
-            fraction=settings.validation_fraction,
-            min_failures=settings.min_validation_failures,
-        )
+    split = choose_validation(
+        fleet,
+        validation,
+        settings.horizon_h,
+        until_s=parse_time(until) if until is not None else None,
+        fraction=settings.validation_fraction,
+        min_failures=settings.min_validation_failures,
+    )
     progress.stage("cutting windows")
     train_windows, validation_windows = split_windows(fleet, settings.window_spec(), split)
     result = train_on_windows(
