@@ -181,15 +181,17 @@ class OutboxSender(threading.Thread):
         except (KafkaError, OSError) as err:
             self._failed(f"{type(err).__name__}: {err}")
         acked = [seq for seq, future in futures if future.is_done and future.succeeded()]
-        if acked:
-            acknowledge(acked)
-            self.sent += len(acked)
-            self.last_success = time.time()
-        if len(acked) == len(rows):
+        every = len(acked) == len(rows)
+        if every:  # the link's state before the outbox shrinks: whoever sees it drained sees the broker reachable
             if self.broker_reachable is False:
                 log.info("Kafka is reachable again: outbox draining", extra={"outbox_depth": self.outbox.depth})
             self.broker_reachable = True
             self.last_error = None
+        if acked:
+            acknowledge(acked)
+            self.sent += len(acked)
+            self.last_success = time.time()
+        if every:
             return True
         failed = next((f.exception for _, f in futures if f.is_done and f.failed()), None)
         self._failed(f"{len(rows) - len(acked)} of {len(rows)} sends not acknowledged ({failed or 'timed out'})")

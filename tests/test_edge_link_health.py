@@ -109,3 +109,31 @@ def test_a_reachable_idle_broker_stays_reachable(tmp_path: Path) -> None:
         sender.stop()
         sender.join(10)
         broker.close()
+
+
+def test_whoever_sees_the_outbox_drained_after_an_outage_sees_the_broker_reachable(tmp_path: Path) -> None:
+    """The sender records the link as reachable before it deletes what Kafka acknowledged: with the other order, a
+    reader of ``/healthz`` (and a test) could see an empty outbox beside "broker unreachable" and the old error."""
+    broker = _Listener()
+    outbox = Outbox(tmp_path / "state.db", max_bytes=10**6)
+    sender = OutboxSender(
+        outbox, KafkaSettings(bootstrap_servers=f"127.0.0.1:{broker.port}"), producer_factory=_AckingProducer
+    )
+    sender.broker_reachable, sender.last_error = False, "NoBrokersAvailable: the outage before"
+    outbox.stage(Heartbeat(edge_id="e1", seq=outbox.next_seq(), timestamp="2026-01-01T00:00:00Z",
+                           model_name="m", model_version="1"))  # fmt: skip
+    outbox.commit()
+    reader = outbox.reader()
+    seen: list[tuple[bool | None, str | None, int]] = []
+
+    def acknowledge(seqs: list[int]) -> int:
+        seen.append((sender.broker_reachable, sender.last_error, outbox.depth))
+        return reader.acknowledge(seqs)
+
+    try:
+        assert sender._send(reader.pending(10), acknowledge) is True
+        assert seen == [(True, None, 1)]  # reachable, no error, while the row was still there
+        assert outbox.depth == 0 and sender.sent == 1
+    finally:
+        reader.close()
+        broker.close()
